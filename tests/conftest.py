@@ -1,0 +1,29 @@
+import pytest
+import torch
+
+LENGTHS = (1, 7, 100, 1000, 1024)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def max_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).detach().abs().max())
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).detach().norm() / b.detach().norm().clamp_min(1e-30))
+
+
+def assert_causal_gradient(grad: torch.Tensor, position: int, tolerance: float = 1e-12) -> None:
+    """Gradient of output ``position`` w.r.t. a (batch, length, ...) input: none toward the future.
+
+    FFT-based operators leak only round-off (every output of a length-N transform carries some),
+    so "zero" is checked relative to the gradient toward the past: 1e-12 suits float64.
+    """
+    past = grad[:, : position + 1].abs().max()
+    future = grad[:, position + 1 :].abs().max() if grad.shape[1] > position + 1 else torch.tensor(0.0)
+    assert past > 0
+    assert future <= tolerance * past, f"gradient leaks to the future: {float(future):.3g} vs {float(past):.3g}"

@@ -1,0 +1,141 @@
+import pytest
+import torch
+from conftest import LENGTHS, assert_causal_gradient, relative_error
+
+import tokenmix
+from tokenmix.mixers.tno import Tno
+from tokenmix.ops import naive_toeplitz_matvec
+
+
+def dense_tno(mixer: Tno, x: torch.Tensor) -> torch.Tensor:
+    """Reference: the explicit Toeplitz matrix of the mixer's kernel t_k = lambda^|k| RPE(k)."""
+    return naive_toeplitz_matvec(x, mixer.kernel(x.shape[1]), mixer.causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n", LENGTHS)
+def test_tno_matches_dense_reference(n, causal):
+    mixer = tokenmix.build_mixer("tno", 4, causal=causal, rpe_dim=8, rpe_layers=1).double()
+    x = torch.randn(2, n, 4, dtype=torch.float64, requires_grad=True)
+    fast, slow = mixer(x), dense_tno(mixer, x)
+    assert relative_error(fast, slow) < 1e-10
+    grad = torch.randn_like(fast)
+    inputs = [x, *mixer.parameters()]
+    for a, b in zip(torch.autograd.grad(fast, inputs, grad), torch.autograd.grad(slow, inputs, grad), strict=True):
+        assert relative_error(a, b) < 1e-9
+
+
+def test_kernel_is_decayed_rpe_and_decay_one_turns_it_off():
+    mixer = Tno(3, causal=False, decay=0.9)
+    plain = Tno(3, causal=False, decay=1.0)
+    plain.load_state_dict(mixer.state_dict())
+    n = 6
+    lags = torch.arange(-(n - 1), n).float()
+    torch.testing.assert_close(mixer.kernel(n), 0.9 ** lags.abs()[:, None] * plain.kernel(n))
+    torch.testing.assert_close(plain.kernel(n), plain.rpe(lags))
+
+
+def test_learnable_decay_gets_gradient_and_stays_in_range():
+    mixer = Tno(3, causal=True, decay=0.9, learnable_decay=True)
+    assert 0.9 < float(mixer.decay.rate()) < 1.0
+    mixer(torch.randn(1, 20, 3)).sum().backward()
+    assert mixer.decay.logit.grad is not None and mixer.decay.logit.grad != 0
+
+
+@pytest.mark.parametrize("n", [7, 100, 1000])
+def test_causality_through_gradients(n):
+    mixer = tokenmix.build_mixer("tno", 4, causal=True).double()
+    x = torch.randn(2, n, 4, dtype=torch.float64, requires_grad=True)
+    position = n // 2
+    (grad,) = torch.autograd.grad(mixer(x)[:, position].sum(), x)
+    assert_causal_gradient(grad, position)
+    assert torch.all(grad[:, : position + 1].abs().sum(-1) > 0)
+
+
+def test_bidirectional_sees_the_future():
+    mixer = tokenmix.build_mixer("tno", 4, causal=False)
+    x = torch.randn(1, 64, 4, requires_grad=True)
+    (grad,) = torch.autograd.grad(mixer(x)[:, 30].sum(), x)
+    assert grad[:, 31:].abs().sum() > 0
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_padding_cannot_reach_real_tokens(causal):
+    mixer = tokenmix.build_mixer("tno", 4, causal=causal)
+    x = torch.randn(2, 30, 4)
+    mask = torch.ones(2, 30, dtype=torch.bool)
+    mask[0, 20:] = False
+    mask[1, :5] = False  # left padding too
+    noisy = x.clone()
+    noisy[~mask] = torch.randn(int((~mask).sum()), 4) * 100
+    a, b = mixer(x, mask), mixer(noisy, mask)
+    torch.testing.assert_close(a[mask], b[mask])
+
+
+def test_eval_cache_is_reused_and_invalidated():
+    mixer = Tno(4, causal=False).eval()
+    x = torch.randn(1, 16, 4)
+    with torch.no_grad():
+        first = mixer(x)
+        cached = mixer._cache.value
+        mixer(x)
+        assert mixer._cache.value is cached  # same length, same weights: reused
+        mixer(torch.randn(1, 17, 4))
+        assert mixer._cache.value is not cached  # new length: recomputed
+        mixer.rpe.output.bias.add_(1.0)  # weights changed in place
+        changed = mixer(x)
+    assert not torch.allclose(first, changed)
+    torch.testing.assert_close(changed, dense_tno(mixer, x), rtol=1e-4, atol=1e-4)
+    mixer.train()
+    mixer(x)
+    assert mixer._cache.value is None
+
+
+def test_bfloat16_smoke_matches_float32_loosely():
+    mixer = tokenmix.build_mixer("tno", 4)
+    x = torch.randn(2, 100, 4)
+    reference = mixer(x)
+    half = mixer.to(torch.bfloat16)(x.bfloat16())
+    assert half.dtype == torch.bfloat16
+    assert relative_error(half.float(), reference) < 5e-2
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda m: m(torch.randn(9, 4)), "batch, length, dim"),
+        (lambda m: m(torch.randn(1, 9, 5)), "channels"),
+        (lambda m: m(torch.randn(1, 0, 4)), "length >= 1"),
+        (lambda m: m(torch.randint(0, 3, (1, 9, 4))), "floating point"),
+        (lambda m: m(torch.randn(1, 9, 4), torch.ones(1, 9)), "bool"),
+        (lambda m: m(torch.randn(1, 9, 4), torch.ones(1, 8, dtype=torch.bool)), "shape"),
+    ],
+)
+def test_bad_inputs_raise_value_error(call, message):
+    with pytest.raises(ValueError, match=message):
+        call(tokenmix.build_mixer("tno", 4))
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"decay": 1.5}, "decay"),
+        ({"decay": 0.0}, "decay"),
+        ({"rpe_dim": 0}, "rpe_dim"),
+        ({"rpe_layers": -1}, "rpe_layers"),
+        ({"activation": "tanh"}, "activation"),
+        ({"learnable_decay": True, "decay": 1.0}, "learnable_decay"),
+        ({"no_such_option": 1}, "no_such_option"),
+    ],
+)
+def test_bad_options_raise_value_error(options, message):
+    with pytest.raises(ValueError, match=message):
+        tokenmix.build_mixer("tno", 4, **options)
+
+
+def test_registry():
+    assert "tno" in tokenmix.list_mixers()
+    with pytest.raises(ValueError, match="name must be one of"):
+        tokenmix.build_mixer("nope", 4)
+    with pytest.raises(ValueError, match="dim"):
+        tokenmix.build_mixer("tno", 0)

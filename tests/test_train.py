@@ -1,0 +1,189 @@
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from tokenmix.cli import main
+from tokenmix.train import TrainConfig, Trainer, load_checkpoint
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(("To be, or not to be, that is the question. " * 200).encode())
+    return str(path)
+
+
+def tiny_config(text_file, out, **overrides):
+    settings = dict(
+        data=text_file,
+        dim=16,
+        depth=1,
+        seq_len=32,
+        batch_size=2,
+        steps=6,
+        warmup=2,
+        eval_every=3,
+        eval_tokens=256,
+        out=str(out),
+        options={"rpe_dim": 8},
+        dropout=0.1,
+    )
+    settings.update(overrides)
+    return TrainConfig(**settings)
+
+
+def parameters(model):
+    return {name: p.detach().clone() for name, p in model.state_dict().items()}
+
+
+def test_resume_equals_uninterrupted_run(text_file, tmp_path):
+    straight = Trainer(tiny_config(text_file, tmp_path / "a"), progress=False)
+    straight.run()
+    interrupted = Trainer(tiny_config(text_file, tmp_path / "b"), progress=False)
+    for _ in range(3):
+        interrupted.train_step()
+    interrupted.save()
+    resumed = Trainer(tiny_config(text_file, tmp_path / "b"), resume=True, progress=False)
+    assert resumed.step == 3
+    resumed.run()
+    expected, actual = parameters(straight.model), parameters(resumed.model)
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name
+    assert resumed.optimizer.state_dict()["state"].keys() == straight.optimizer.state_dict()["state"].keys()
+
+
+def test_checkpoint_contents_and_atomic_write(text_file, tmp_path):
+    trainer = Trainer(tiny_config(text_file, tmp_path / "run"), progress=False)
+    trainer.run()
+    files = sorted(p.name for p in (tmp_path / "run").iterdir())
+    assert files == ["checkpoint.pt", "metrics.jsonl", "model"]
+    state = load_checkpoint(tmp_path / "run")
+    for key in ("model_config", "train_config", "model", "optimizer", "scheduler", "step", "rng"):
+        assert key in state
+    assert state["step"] == 6
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r.get("split") == "val" and not r.get("final")] == [3, 6]
+
+
+def test_resume_without_checkpoint_or_with_other_model_fails(text_file, tmp_path):
+    with pytest.raises(ValueError, match="no checkpoint"):
+        Trainer(tiny_config(text_file, tmp_path / "none"), resume=True, progress=False)
+    Trainer(tiny_config(text_file, tmp_path / "c", steps=1), progress=False).run()
+    with pytest.raises(ValueError, match="another model config"):
+        Trainer(tiny_config(text_file, tmp_path / "c", dim=24), resume=True, progress=False)
+
+
+def test_time_budget_fixes_the_step_count(text_file, tmp_path):
+    trainer = Trainer(tiny_config(text_file, tmp_path / "t", steps=None, minutes=0.02), progress=False)
+    trainer.run()
+    assert trainer.total_steps is not None and trainer.step == trainer.total_steps >= 5
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"task": "classify"}, "task"),
+        ({"schedule": "step"}, "schedule"),
+        ({"steps": None}, "exactly one"),
+        ({"minutes": 1.0}, "exactly one"),
+        ({"seq_len": 0}, "seq_len"),
+    ],
+)
+def test_bad_train_config_raises(text_file, tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_config(text_file, tmp_path, **overrides)
+
+
+def test_cli_train_eval_generate(text_file, tmp_path, capsys):
+    out = tmp_path / "cli"
+    common = [
+        "--data",
+        text_file,
+        "--dim",
+        "16",
+        "--depth",
+        "1",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "2",
+        "--eval-every",
+        "2",
+        "--eval-tokens",
+        "128",
+    ]
+    assert main(["train", *common, "--steps", "3", "--out", str(out), "--sample-tokens", "8", "-o", "rpe_dim=8", "-o", "decay=1.0"]) == 0
+    printed = capsys.readouterr().out
+    assert "validation: loss" in printed and "sample:" in printed
+    assert load_checkpoint(out)["model_config"]["options"]["decay"] == 1.0
+    report = tmp_path / "eval.json"
+    assert main(["eval", str(out), "--lengths", "16,64", "--json", str(report)]) == 0
+    results = json.loads(report.read_text())["results"]
+    assert [r["length"] for r in results] == [16, 64] and all(r["bpc"] > 0 for r in results)
+    assert "length" in capsys.readouterr().out
+    assert main(["generate", str(out), "--prompt", "To be", "--max-new-tokens", "5", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("To be")
+
+
+def test_cli_reports_bad_paths_before_training(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--data", str(tmp_path / "missing"), "--out", str(tmp_path / "x")])
+    assert exit_info.value.code == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(SystemExit):
+        main(["eval", str(tmp_path / "nothing")])
+    assert "does not exist" in capsys.readouterr().err
+
+
+DDP_SCRIPT = textwrap.dedent(
+    """
+    import sys, torch, torch.distributed as dist
+    from tokenmix.train import TrainConfig, Trainer
+    config = TrainConfig(data=sys.argv[1], dim=16, depth=1, seq_len=32, batch_size=2, steps=4, warmup=1,
+                         eval_every=2, eval_tokens=128, out=sys.argv[2], options={"rpe_dim": 8})
+    trainer = Trainer(config, progress=False)
+    before = torch.cat([p.detach().flatten() for p in trainer.model.parameters()]).clone()
+    trainer.run()
+    flat = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
+    gathered = [torch.zeros_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, flat)
+    batches = [trainer.batch(0)[0] for _ in range(1)]
+    seen = [torch.zeros_like(batches[0]) for _ in range(dist.get_world_size())]
+    dist.all_gather(seen, batches[0])
+    if dist.get_rank() == 0:
+        assert dist.get_world_size() == 2
+        assert torch.equal(gathered[0], gathered[1]), "ranks diverged"
+        assert not torch.equal(flat, before), "no training happened"
+        assert not torch.equal(seen[0], seen[1]), "ranks saw the same batch"
+        print("RANKS IN SYNC")
+    trainer.close()
+    """
+)
+
+
+def test_two_process_ddp_keeps_ranks_in_sync(text_file, tmp_path):
+    script = tmp_path / "ddp_run.py"
+    script.write_text(DDP_SCRIPT)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(script),
+        text_file,
+        str(tmp_path / "ddp"),
+    ]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "RANKS IN SYNC" in result.stdout
+    assert load_checkpoint(tmp_path / "ddp")["step"] == 4

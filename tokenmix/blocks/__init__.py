@@ -1,0 +1,6 @@
+"""Residual blocks built around the token mixers."""
+
+from .glu import Glu, Gtu
+from .tnn import TnnBlock
+
+__all__ = ["Glu", "Gtu", "TnnBlock"]

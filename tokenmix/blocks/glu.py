@@ -1,0 +1,60 @@
+"""Gated linear units (TNN paper 002, §3.4, Fig. 2)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..mixers.base import zero_padding
+from ..mixers.registry import build_mixer
+from ..ops.activations import get_activation
+
+
+class Glu(nn.Module):
+    """GLU channel mixer: W_3(act(W_1 x) * W_2 x), hidden width ``dim * glu_expand``."""
+
+    def __init__(self, dim: int, glu_expand: float = 1.0, glu_activation: str = "silu", dropout: float = 0.0):
+        super().__init__()
+        hidden = max(1, int(round(dim * glu_expand)))
+        self.act = get_activation(glu_activation, "glu_activation")
+        self.gate = nn.Linear(dim, hidden)
+        self.value = nn.Linear(dim, hidden)
+        self.out = nn.Linear(hidden, dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.out(self.dropout(self.act(self.gate(x)) * self.value(x)))
+
+
+class Gtu(nn.Module):
+    """Gated token unit: W_o(u * Mixer(v)), u = act(W_u x), v = act(W_v x), width expand * dim.
+
+    The token mixer (a TNO in TNN) is built by name, so SKI/FD variants reuse this block.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        causal: bool,
+        mixer: str = "tno",
+        expand: int = 3,
+        gtu_activation: str = "silu",
+        dropout: float = 0.0,
+        **mixer_options,
+    ):
+        super().__init__()
+        if isinstance(expand, bool) or not isinstance(expand, int) or expand < 1:
+            raise ValueError(f"expand must be a positive integer, got {expand!r}")
+        width = expand * dim
+        self.act = get_activation(gtu_activation, "gtu_activation")
+        self.gate = nn.Linear(dim, width)
+        self.value = nn.Linear(dim, width)
+        self.mixer = build_mixer(mixer, width, causal, **mixer_options)
+        self.out = nn.Linear(width, dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        u = self.act(self.gate(x))
+        v = self.act(self.value(x))
+        mixed = self.mixer(v, mask)
+        return zero_padding(self.out(self.dropout(u * mixed)), mask)

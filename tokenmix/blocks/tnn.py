@@ -1,0 +1,30 @@
+"""TNN block (TNN paper 002, §3.4, Fig. 2): x + GTU(norm(x)), then x + GLU(norm(x)) (pre-norm)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .glu import Glu, Gtu
+
+
+class TnnBlock(nn.Module):
+    def __init__(
+        self,
+        dim: int,
+        causal: bool,
+        dropout: float = 0.0,
+        glu_expand: float = 1.0,
+        glu_activation: str = "silu",
+        **gtu_options,
+    ):
+        super().__init__()
+        self.token_norm = nn.LayerNorm(dim)
+        self.token_mixing = Gtu(dim, causal, dropout=dropout, **gtu_options)
+        self.channel_norm = nn.LayerNorm(dim)
+        self.channel_mixing = Glu(dim, glu_expand, glu_activation, dropout)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.dropout(self.token_mixing(self.token_norm(x), mask))
+        return x + self.dropout(self.channel_mixing(self.channel_norm(x), mask))

@@ -1,0 +1,177 @@
+"""``tokenmix`` command line: train, eval, generate, bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import fields
+
+import torch
+
+from .cli_args import parse_lengths
+from .data.corpus import BYTE_VOCAB, load_corpus
+from .table import format_table
+from .train.checkpoint import model_from_checkpoint
+from .train.evaluate import evaluate_lm, evaluate_mlm
+from .train.generate import generate
+from .train.loop import TrainConfig, Trainer
+
+DEMO_PROMPT = "ROMEO.\n"
+
+
+def parse_option(text: str) -> tuple[str, object]:
+    """KEY=VALUE with VALUE read as JSON when it parses (numbers, true/false, lists), else a string."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"--option must look like KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def _add_train(subparsers) -> None:
+    parser = subparsers.add_parser("train", help="train a model (defaults: the TNN char-LM demo on Shakespeare)")
+    defaults = TrainConfig()
+    helps = {
+        "model": "model name (tnn, ...)",
+        "task": "lm (causal) or mlm (masked, bidirectional)",
+        "data": "shakespeare (embedded), a .txt file or directory, or bytes:FILE (enwik8 layout)",
+        "steps": f"optimizer steps, {TrainConfig.steps} unless --minutes is given",
+        "minutes": "time budget: steps are fixed from the speed of the first steps",
+        "schedule": "cosine, inverse_sqrt or constant (after linear warmup)",
+        "threads": "torch CPU threads (default: torch's choice)",
+        "eval_tokens": "validation tokens used at each periodic evaluation (the final one uses all)",
+        "out": "run directory: checkpoint.pt, metrics.jsonl, model/",
+    }
+    for spec in fields(TrainConfig):
+        if spec.name == "options":
+            continue
+        default = None if spec.name == "steps" else getattr(defaults, spec.name)
+        kind = {"int": int, "float": float, "str": str}.get(str(spec.type).split(" | ")[0], str)
+        parser.add_argument(
+            f"--{spec.name.replace('_', '-')}", type=kind, default=default, help=f"{helps.get(spec.name, '')} (default: {default})"
+        )
+    parser.add_argument(
+        "-o",
+        "--option",
+        type=parse_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="model/mixer option, e.g. -o decay=1.0 -o rpe_layers=1",
+    )
+    parser.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    parser.add_argument("--sample-tokens", type=int, default=300, help="length of the sample printed after training")
+    parser.set_defaults(handler=run_train)
+
+
+def run_train(args) -> int:
+    values = {spec.name: getattr(args, spec.name) for spec in fields(TrainConfig) if spec.name != "options"}
+    if values["steps"] is None and values["minutes"] is None:
+        values["steps"] = TrainConfig.steps
+    config = TrainConfig(**values, options=dict(args.option))
+    trainer = Trainer(config, resume=args.resume)
+    try:
+        final = trainer.run()
+        if trainer.context.is_main:
+            print(f"validation: loss {final['loss']:.4f}  bpc {final['bpc']:.4f}  ({final['tokens']} tokens)")
+            if config.task == "lm" and args.sample_tokens > 0:
+                prompt = torch.tensor(list(DEMO_PROMPT.encode()), dtype=torch.long)
+                generator = torch.Generator().manual_seed(config.seed)
+                new = generate(trainer.model, prompt, args.sample_tokens, 0.8, 40, generator)
+                print("sample:\n" + DEMO_PROMPT + bytes(new.tolist()).decode("utf-8", errors="replace"))
+            print(f"saved: {config.out}/checkpoint.pt and {config.out}/model/")
+    finally:
+        trainer.close()
+    return 0
+
+
+def _add_eval(subparsers) -> None:
+    parser = subparsers.add_parser("eval", help="loss / BPC of a checkpoint at one or more lengths")
+    parser.add_argument("checkpoint", help="checkpoint.pt or its run directory")
+    parser.add_argument("--split", default="test", choices=["train", "val", "test"])
+    parser.add_argument(
+        "--lengths", type=parse_lengths, default=None, help="comma-separated, e.g. 512,1024,2048,4096 (default: the training length)"
+    )
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=None, help="evaluate only the first N tokens of the split")
+    parser.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--device", default="cpu")
+    parser.set_defaults(handler=run_eval)
+
+
+def run_eval(args) -> int:
+    model, train_config = model_from_checkpoint(args.checkpoint, args.device)
+    data = load_corpus(train_config["data"]).split(args.split)
+    lengths = args.lengths or [train_config["seq_len"]]
+    rows = []
+    for length in lengths:
+        if model.config.task == "mlm":
+            metrics = evaluate_mlm(model, data, length, BYTE_VOCAB, args.batch_size, args.max_tokens, train_config["seed"])
+        else:
+            metrics = evaluate_lm(model, data, length, args.batch_size, args.max_tokens)
+        rows.append({"length": length, **metrics})
+    source, trained_at = train_config["data"], train_config["seq_len"]
+    print(f"{model.config.name} ({model.config.task}) on the {args.split} split of {source}, trained at length {trained_at}")
+    print(format_table(rows, ["length", "loss", "bpc", "ppl", "tokens"]))
+    if args.json:
+        result = {
+            "checkpoint": str(args.checkpoint),
+            "model": model.config.name,
+            "task": model.config.task,
+            "split": args.split,
+            "train_length": train_config["seq_len"],
+            "results": rows,
+        }
+        with open(args.json, "w") as handle:
+            json.dump(result, handle, indent=2)
+    return 0
+
+
+def _add_generate(subparsers) -> None:
+    parser = subparsers.add_parser("generate", help="sample text from a causal LM checkpoint")
+    parser.add_argument("checkpoint", help="checkpoint.pt or its run directory")
+    parser.add_argument("--prompt", default=DEMO_PROMPT)
+    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--temperature", type=float, default=0.8, help="0 for greedy")
+    parser.add_argument("--top-k", type=int, default=40)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu")
+    parser.set_defaults(handler=run_generate)
+
+
+def run_generate(args) -> int:
+    model, _ = model_from_checkpoint(args.checkpoint, args.device)
+    prompt = torch.tensor(list(args.prompt.encode()), dtype=torch.long)
+    new = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, torch.Generator().manual_seed(args.seed))
+    print(args.prompt + bytes(new.tolist()).decode("utf-8", errors="replace"))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tokenmix", description="Fast token mixers for long sequences: train, evaluate, generate, benchmark."
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    _add_train(subparsers)
+    _add_eval(subparsers)
+    _add_generate(subparsers)
+    from .bench.cli import add_bench
+
+    add_bench(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except ValueError as error:
+        parser.exit(2, f"tokenmix {args.command}: error: {error}\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Batches for the LM and masked-LM objectives."""
+
+from __future__ import annotations
+
+import torch
+
+
+def step_generator(seed: int, step: int, rank: int = 0) -> torch.Generator:
+    """A generator determined by (seed, step, rank): batches need no saved state to resume."""
+    return torch.Generator().manual_seed((seed * 1_000_003 + step) * 97 + rank)
+
+
+def random_windows(data: torch.Tensor, batch_size: int, length: int, generator: torch.Generator) -> torch.Tensor:
+    """``batch_size`` random windows of ``length + 1`` tokens, (batch, length + 1) int64."""
+    if data.numel() < length + 1:
+        raise ValueError(f"seq_len={length} needs at least {length + 1} tokens; the split has {data.numel()}")
+    starts = torch.randint(0, data.numel() - length, (batch_size,), generator=generator)
+    return data[starts[:, None] + torch.arange(length + 1)].long()
+
+
+def lm_batch(data: torch.Tensor, batch_size: int, length: int, generator: torch.Generator):
+    """(inputs, targets): next-token prediction on random windows."""
+    window = random_windows(data, batch_size, length, generator)
+    return window[:, :-1], window[:, 1:]
+
+
+def mask_tokens(tokens: torch.Tensor, mask_id: int, vocab_size: int, generator: torch.Generator, rate: float = 0.15):
+    """BERT masking: pick ``rate`` of the tokens; of those 80 % -> mask_id, 10 % -> random, 10 % kept.
+
+    Returns (inputs, targets) with targets -100 where nothing is predicted.
+    """
+    draw = torch.rand(tokens.shape, generator=generator)
+    selected = draw < rate
+    action = torch.rand(tokens.shape, generator=generator)
+    random_tokens = torch.randint(0, vocab_size, tokens.shape, generator=generator)
+    inputs = tokens.clone()
+    inputs[selected & (action < 0.8)] = mask_id
+    replace = selected & (action >= 0.8) & (action < 0.9)
+    inputs[replace] = random_tokens[replace]
+    targets = torch.where(selected, tokens, torch.full_like(tokens, -100))
+    return inputs, targets
+
+
+def mlm_batch(data: torch.Tensor, batch_size: int, length: int, generator: torch.Generator, mask_id: int):
+    window = random_windows(data, batch_size, length - 1, generator)
+    return mask_tokens(window, mask_id, mask_id, generator)
+
+
+def contiguous_windows(data: torch.Tensor, length: int):
+    """Non-overlapping windows covering ``data`` so that every token after the first is a target once.
+
+    Yields (inputs, targets, mask) rows: inputs = data[s : s + length], targets shifted by one;
+    the last window is right-padded with mask False.
+    """
+    total = data.numel() - 1
+    for start in range(0, total, length):
+        size = min(length, total - start)
+        inputs = torch.zeros(length, dtype=torch.long)
+        targets = torch.zeros(length, dtype=torch.long)
+        inputs[:size] = data[start : start + size]
+        targets[:size] = data[start + 1 : start + size + 1]
+        mask = torch.arange(length) < size
+        yield inputs, targets, mask

@@ -1,0 +1,18 @@
+"""Token mixers: (batch, length, dim) -> same shape; one file per family, a name registry."""
+
+from . import tno  # noqa: F401  (registers "tno")
+from .base import Mixer, check_sequence, zero_padding
+from .registry import build_mixer, list_mixers, register_mixer
+from .rpe import RelativePositionEncoder
+from .tno import Tno
+
+__all__ = [
+    "Mixer",
+    "RelativePositionEncoder",
+    "Tno",
+    "build_mixer",
+    "check_sequence",
+    "list_mixers",
+    "register_mixer",
+    "zero_padding",
+]

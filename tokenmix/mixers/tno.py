@@ -1,0 +1,121 @@
+"""Toeplitz neural operator, TNO (TNN paper 002, §3.2-3.4; references.md "TNN").
+
+Per channel y = T x with T_ij = t_{i-j} and t_k = lambda^|k| RPE(k): the RPE MLP of the raw lag
+and an exponential decay bias (lambda = 0.99 fixed by default; 1.0 turns it off; Table 10).
+Applied by FFT at a fast size N >= 2n, in O(n log n).
+
+The kernel spectrum is factored through the RPE's output layer (W, b):
+rfft(lambda^|k| (H_k W + b)) = rfft([lambda^|k| H_k, lambda^|k|]) @ [W; b], so only rpe_dim + 1
+columns are transformed and the gradient of W is a matmul, not a d-channel FFT.
+In eval mode without autograd the spectrum is cached until the weights or the length change.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..ops.fft import fast_fft_size
+from ..ops.toeplitz import spectral_matvec, toeplitz_spectrum
+from .base import Mixer
+from .registry import register_mixer
+from .rpe import RelativePositionEncoder
+
+
+def relative_lags(n: int, causal: bool, device=None) -> torch.Tensor:
+    """Lags 0..n-1 (causal) or -(n-1)..n-1 (bidirectional), as float."""
+    start = 0 if causal else -(n - 1)
+    return torch.arange(start, n, device=device, dtype=torch.float32)
+
+
+def complex_readout(spectrum: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
+    """spectrum (F, e) complex @ readout (e, d) real -> (F, d) complex.
+
+    Written as one real matmul against kron(readout, I_2), which yields the interleaved complex
+    layout directly: twice the flops of two planar matmuls, but no strided copies (faster on CPU).
+    """
+    interleaved = torch.view_as_real(spectrum).reshape(spectrum.shape[0], -1)
+    expanded = torch.kron(readout.to(interleaved.dtype), torch.eye(2, dtype=interleaved.dtype, device=interleaved.device))
+    return torch.view_as_complex((interleaved @ expanded).view(spectrum.shape[0], -1, 2))
+
+
+class ExponentialDecay(nn.Module):
+    """lambda^|k|; fixed, or learnable as lambda = decay + (1 - decay) * sigmoid(p)."""
+
+    def __init__(self, decay: float = 0.99, learnable: bool = False):
+        super().__init__()
+        if not isinstance(decay, (int, float)) or isinstance(decay, bool) or not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must be a number in (0, 1], got {decay!r}")
+        if learnable and decay == 1.0:
+            raise ValueError("learnable_decay=True needs decay < 1 (it is the lower bound of lambda)")
+        self.floor = float(decay)
+        self.logit = nn.Parameter(torch.zeros(())) if learnable else None
+
+    def rate(self) -> torch.Tensor:
+        if self.logit is None:
+            return torch.tensor(self.floor)
+        return self.floor + (1.0 - self.floor) * torch.sigmoid(self.logit)
+
+    def forward(self, lags: torch.Tensor) -> torch.Tensor:
+        return torch.exp(lags.abs() * torch.log(self.rate().to(lags.device)))
+
+    def extra_repr(self) -> str:
+        return f"decay={self.floor}, learnable={self.logit is not None}"
+
+
+class SpectrumCache:
+    """Holds a spectrum computed without autograd, keyed by length and parameter versions."""
+
+    def __init__(self):
+        self.key = None
+        self.value = None
+
+    def get(self, module: nn.Module, n: int, compute):
+        if module.training or torch.is_grad_enabled():
+            self.key = self.value = None
+            return compute()
+        key = (n, tuple((p.data_ptr(), p._version) for p in module.parameters()))
+        if key != self.key:
+            self.key, self.value = key, compute()
+        return self.value
+
+
+@register_mixer("tno")
+class Tno(Mixer):
+    """Toeplitz neural operator mixer (name ``tno``)."""
+
+    def __init__(
+        self,
+        dim: int,
+        causal: bool = False,
+        *,
+        rpe_dim: int = 64,
+        rpe_layers: int = 3,
+        activation: str = "relu",
+        decay: float = 0.99,
+        learnable_decay: bool = False,
+    ):
+        super().__init__(dim, causal)
+        self.rpe = RelativePositionEncoder(dim, rpe_dim, rpe_layers, activation)
+        self.decay = ExponentialDecay(decay, learnable_decay)
+        self._cache = SpectrumCache()
+
+    def kernel(self, n: int) -> torch.Tensor:
+        """Explicit t_k by lag: (n, dim) causal or (2n - 1, dim) bidirectional."""
+        lags = relative_lags(n, self.causal, self.rpe.output.weight.device)
+        return self.decay(lags)[:, None] * self.rpe(lags)
+
+    def spectrum(self, n: int, fft_size: int) -> torch.Tensor:
+        """rfft of the circulant embedding of the kernel, (N/2 + 1, dim), via the factored form."""
+        lags = relative_lags(n, self.causal, self.rpe.output.weight.device)
+        decay = self.decay(lags)[:, None]
+        basis = torch.cat([decay * self.rpe.features(lags), decay], dim=1)
+        basis_spectrum = toeplitz_spectrum(basis, n, self.causal, fft_size)
+        readout = torch.cat([self.rpe.output.weight.t(), self.rpe.output.bias[None]], dim=0)
+        return complex_readout(basis_spectrum, readout)
+
+    def mix(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        fft_size = fast_fft_size(2 * n)
+        spectrum = self._cache.get(self, n, lambda: self.spectrum(n, fft_size))
+        return spectral_matvec(x, spectrum, fft_size)

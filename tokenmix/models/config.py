@@ -1,0 +1,48 @@
+"""Model configuration: a dataclass with a JSON round trip."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+TASKS = ("lm", "mlm", "classify")
+
+
+@dataclass
+class ModelConfig:
+    """Everything needed to rebuild a model. ``options`` go to the blocks (mixer options included)."""
+
+    name: str
+    task: str = "lm"
+    vocab_size: int = 256
+    dim: int = 256
+    depth: int = 4
+    num_classes: int | None = None
+    options: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {list(TASKS)}, got {self.task!r}")
+        for argument in ("vocab_size", "dim", "depth"):
+            value = getattr(self, argument)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{argument} must be a positive integer, got {value!r}")
+        if self.task == "classify":
+            if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 2:
+                raise ValueError(f"num_classes must be an integer >= 2 for task='classify', got {self.num_classes!r}")
+        elif self.num_classes is not None:
+            raise ValueError(f"num_classes is only used with task='classify', got {self.num_classes!r}")
+
+    @property
+    def causal(self) -> bool:
+        return self.task == "lm"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ModelConfig:
+        return cls(**data)

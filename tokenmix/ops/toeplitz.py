@@ -1,0 +1,136 @@
+"""Toeplitz matrix-vector products (TNN paper 002, §3.2 and Appendix B).
+
+A Toeplitz matrix T_ij = t_{i-j} of size n x n acts on a sequence by a linear convolution.
+Embedding it in a circulant matrix of size N >= 2n gives y = irfft(rfft(x, N) * rfft(k, N))[:n]
+with the kernel laid out as [t_0, t_1, ..., t_{n-1}, 0, ..., 0, t_{-(n-1)}, ..., t_{-1}].
+Causal operators keep only lags >= 0.
+
+Kernels are given by lag, rows ordered from the most negative lag:
+- shape (2n - 1, d): lags -(n-1) ... n-1 (bidirectional, or causal with the negatives ignored);
+- shape (n, d): lags 0 ... n-1 (causal only).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .fft import fast_fft_size, hermitian_weights, spectral_dtype
+
+
+def _check_kernel(kernel: torch.Tensor, n: int, causal: bool) -> None:
+    if kernel.dim() != 2:
+        raise ValueError(f"kernel must be 2-D (lags, channels), got shape {tuple(kernel.shape)}")
+    accepted = (n, 2 * n - 1) if causal else (2 * n - 1,)
+    if kernel.shape[0] not in accepted:
+        raise ValueError(
+            f"kernel for length n={n} ({'causal' if causal else 'bidirectional'}) must have "
+            f"{' or '.join(map(str, accepted))} lag rows, got {kernel.shape[0]}"
+        )
+
+
+def circulant_layout(kernel: torch.Tensor, n: int, fft_size: int, causal: bool) -> torch.Tensor:
+    """Lay a by-lag kernel (see module doc) out as the first column of an N x N circulant."""
+    _check_kernel(kernel, n, causal)
+    nonnegative = kernel[-n:]
+    pad = fft_size - n
+    if causal or n == 1:
+        return torch.nn.functional.pad(nonnegative, (0, 0, 0, pad))
+    negative = kernel[: n - 1]
+    zeros = kernel.new_zeros(pad - (n - 1), kernel.shape[1])
+    return torch.cat([nonnegative, zeros, negative], dim=0)
+
+
+def toeplitz_spectrum(kernel: torch.Tensor, n: int, causal: bool, fft_size: int | None = None) -> torch.Tensor:
+    """rfft of the circulant embedding: (N/2 + 1, d) complex, float32 or float64."""
+    fft_size = fft_size or fast_fft_size(2 * n)
+    layout = circulant_layout(kernel.to(spectral_dtype(kernel.dtype)), n, fft_size, causal)
+    return torch.fft.rfft(layout, dim=0)
+
+
+class _SpectralConvolution(torch.autograd.Function):
+    """y = irfft(rfft(x, N) * K)[:n] along dim 1, with a backward of exactly two FFTs.
+
+    Gradients: dL/dx = irfft(G * conj(K))[:n] (a correlation) and, in PyTorch's convention for a
+    complex K, dL/dK = sum_batch (c / N) * G * conj(X), where G = rfft(dL/dy, N) and c are the
+    onesided Hermitian weights. PyTorch's generic rfft backward would run a full complex FFT.
+    Large temporaries are reused in place: on CPU a fresh buffer costs more than the arithmetic.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, spectrum: torch.Tensor, fft_size: int) -> torch.Tensor:
+        n = x.shape[1]
+        x_freq = torch.fft.rfft(x, n=fft_size, dim=1)
+        if ctx.needs_input_grad[1]:
+            ctx.save_for_backward(x_freq, spectrum)
+            product = x_freq * spectrum
+        else:
+            if ctx.needs_input_grad[0]:
+                ctx.save_for_backward(spectrum)
+            product = x_freq.mul_(spectrum)
+        ctx.fft_size = fft_size
+        return torch.fft.irfft(product, n=fft_size, dim=1)[:, :n]
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor):
+        *x_freq, spectrum = ctx.saved_tensors
+        fft_size, n = ctx.fft_size, grad_y.shape[1]
+        conj_grad_freq = torch.conj_physical_(torch.fft.rfft(grad_y, n=fft_size, dim=1))
+        grad_x = grad_spectrum = None
+        if ctx.needs_input_grad[1]:
+            grad_spectrum = _batch_sum_of_products(conj_grad_freq, x_freq[0])
+            weights = hermitian_weights(fft_size, grad_y.dtype, grad_y.device).div_(fft_size)
+            grad_spectrum = torch.conj_physical_(grad_spectrum).mul_(weights[:, None])
+        if ctx.needs_input_grad[0]:
+            grad_freq = torch.conj_physical_(conj_grad_freq.mul_(spectrum))
+            grad_x = torch.fft.irfft(grad_freq, n=fft_size, dim=1)[:, :n]
+        return grad_x, grad_spectrum, None
+
+
+def _batch_sum_of_products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """sum_b a[b] * b[b] without a (batch, ...) temporary."""
+    total = a[0] * b[0]
+    for index in range(1, a.shape[0]):
+        total.addcmul_(a[index], b[index])
+    return total
+
+
+def spectral_matvec(x: torch.Tensor, spectrum: torch.Tensor, fft_size: int) -> torch.Tensor:
+    """Apply a circulant-embedded operator given by its spectrum to x (batch, n, d).
+
+    Runs in float32 (float64 stays float64) and returns x's dtype.
+    """
+    work = spectral_dtype(x.dtype)
+    y = _SpectralConvolution.apply(x.to(work), spectrum, fft_size)
+    return y.to(x.dtype)
+
+
+def toeplitz_matvec(x: torch.Tensor, kernel: torch.Tensor, causal: bool) -> torch.Tensor:
+    """y_i = sum_j t_{i-j} x_j per channel, by FFT at a fast size N >= 2n.
+
+    x: (batch, n, d); kernel: (2n - 1, d) by lag, or (n, d) lags 0..n-1 when causal.
+    """
+    if x.dim() != 3:
+        raise ValueError(f"x must be (batch, length, channels), got shape {tuple(x.shape)}")
+    n = x.shape[1]
+    _check_kernel(kernel, n, causal)
+    if kernel.shape[1] != x.shape[2]:
+        raise ValueError(f"kernel has {kernel.shape[1]} channels but x has {x.shape[2]}")
+    fft_size = fast_fft_size(2 * n)
+    return spectral_matvec(x, toeplitz_spectrum(kernel, n, causal, fft_size), fft_size)
+
+
+def naive_toeplitz_matrix(kernel: torch.Tensor, n: int, causal: bool) -> torch.Tensor:
+    """Explicit (d, n, n) matrices T_ij = t_{i-j} (zero above the diagonal when causal)."""
+    _check_kernel(kernel, n, causal)
+    full = kernel if kernel.shape[0] == 2 * n - 1 else torch.cat([kernel.new_zeros(n - 1, kernel.shape[1]), kernel])
+    lags = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+    matrix = full[lags + n - 1].permute(2, 0, 1)
+    if causal:
+        matrix = matrix * (lags >= 0).to(matrix.dtype)
+    return matrix
+
+
+def naive_toeplitz_matvec(x: torch.Tensor, kernel: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Reference: build the explicit n x n matrix per channel and multiply (tests only)."""
+    matrix = naive_toeplitz_matrix(kernel, x.shape[1], causal)
+    return torch.einsum("dij,bjd->bid", matrix, x)

@@ -1,0 +1,63 @@
+"""Training checkpoints: one file, written atomically (temporary file, then rename)."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+CHECKPOINT_FILE = "checkpoint.pt"
+
+
+def save_checkpoint(path, state: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    torch.save(state, temporary)
+    os.replace(temporary, path)
+
+
+def resolve_checkpoint(path) -> Path:
+    """A checkpoint file, or a run directory holding ``checkpoint.pt``."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / CHECKPOINT_FILE
+    if not path.is_file():
+        raise ValueError(f"checkpoint {str(path)!r} does not exist (give a checkpoint file or a run directory)")
+    return path
+
+
+def load_checkpoint(path) -> dict:
+    path = resolve_checkpoint(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:  # corrupt or foreign file
+        raise ValueError(f"checkpoint {str(path)!r} is unreadable: {error}") from None
+    for key in ("model_config", "train_config", "model", "step"):
+        if key not in state:
+            raise ValueError(f"checkpoint {str(path)!r} lacks {key!r}: not a tokenmix training checkpoint")
+    return state
+
+
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def restore_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def model_from_checkpoint(path, device="cpu"):
+    """(model, train_config dict) from a training checkpoint file or run directory."""
+    from ..models.config import ModelConfig
+    from ..models.model import SequenceModel
+
+    state = load_checkpoint(path)
+    model = SequenceModel(ModelConfig.from_dict(state["model_config"]))
+    model.load_state_dict(state["model"])
+    return model.to(device).eval(), state["train_config"]
