@@ -15,9 +15,6 @@ from ..mixers.registry import build_mixer
 from ..ops.fft import fast_fft_size
 from .timing import median_ms
 
-FFT_MIXERS = {"tno"}
-
-
 @dataclass
 class Measurement:
     mixer: str
@@ -86,7 +83,7 @@ def measure_mixer(
         torch.autograd.grad(mixer(x_train), [x_train, *parameters], grad)
 
     forward_backward_ms = median_ms(forward_backward, device, repeats)
-    floor = fft_floor_ms(x, repeats) if name in FFT_MIXERS else None
+    floor = fft_floor_ms(x, repeats) if mixer.fft_based else None
     return Measurement(
         mixer=name,
         causal=causal,

@@ -1,6 +1,6 @@
 """Corpora and batch construction."""
 
-from .batches import contiguous_windows, lm_batch, mask_tokens, mlm_batch, random_windows, step_generator
+from .batches import contiguous_windows, lm_batch, mask_tokens, mlm_batch, random_windows, step_generator, step_seed
 from .corpus import BYTE_VOCAB, SPLITS, ByteCorpus, load_corpus
 
 __all__ = [
@@ -14,4 +14,5 @@ __all__ = [
     "mlm_batch",
     "random_windows",
     "step_generator",
+    "step_seed",
 ]

@@ -5,9 +5,13 @@ from __future__ import annotations
 import torch
 
 
+def step_seed(seed: int, step: int, rank: int = 0) -> int:
+    """A seed determined by (seed, step, rank): a resumed run draws what an uninterrupted one would."""
+    return (seed * 1_000_003 + step) * 97 + rank
+
+
 def step_generator(seed: int, step: int, rank: int = 0) -> torch.Generator:
-    """A generator determined by (seed, step, rank): batches need no saved state to resume."""
-    return torch.Generator().manual_seed((seed * 1_000_003 + step) * 97 + rank)
+    return torch.Generator().manual_seed(step_seed(seed, step, rank))
 
 
 def random_windows(data: torch.Tensor, batch_size: int, length: int, generator: torch.Generator) -> torch.Tensor:

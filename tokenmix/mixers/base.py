@@ -32,6 +32,8 @@ def zero_padding(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
 class Mixer(nn.Module):
     """Base class: validates input, zeros padding, then calls ``mix`` on (batch, length, dim)."""
 
+    fft_based = False
+
     def __init__(self, dim: int, causal: bool):
         super().__init__()
         if not isinstance(dim, int) or dim < 1:

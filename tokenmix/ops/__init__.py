@@ -1,5 +1,6 @@
 """Pure tensor functions without parameters; every fast op has a naive_* reference beside it."""
 
+from .activations import ACTIVATIONS, get_activation
 from .fft import fast_fft_size, hermitian_weights, spectral_dtype
 from .toeplitz import (
     circulant_layout,
@@ -11,8 +12,10 @@ from .toeplitz import (
 )
 
 __all__ = [
+    "ACTIVATIONS",
     "circulant_layout",
     "fast_fft_size",
+    "get_activation",
     "hermitian_weights",
     "naive_toeplitz_matrix",
     "naive_toeplitz_matvec",
@@ -21,7 +24,3 @@ __all__ = [
     "toeplitz_matvec",
     "toeplitz_spectrum",
 ]
-
-from .activations import ACTIVATIONS, get_activation  # noqa: E402
-
-__all__ += ["ACTIVATIONS", "get_activation"]

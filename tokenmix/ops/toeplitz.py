@@ -5,6 +5,10 @@ Embedding it in a circulant matrix of size N >= 2n gives y = irfft(rfft(x, N) * 
 with the kernel laid out as [t_0, t_1, ..., t_{n-1}, 0, ..., 0, t_{-(n-1)}, ..., t_{-1}].
 Causal operators keep only lags >= 0.
 
+Spectra are held channels first, (d, N/2 + 1): the FFTs then run along contiguous memory (the
+zero padding to N already copies x, so the transpose is free), and a spectrum produced by a real
+matmul lands in the interleaved complex layout directly.
+
 Kernels are given by lag, rows ordered from the most negative lag:
 - shape (2n - 1, d): lags -(n-1) ... n-1 (bidirectional, or causal with the negatives ignored);
 - shape (n, d): lags 0 ... n-1 (causal only).
@@ -41,25 +45,26 @@ def circulant_layout(kernel: torch.Tensor, n: int, fft_size: int, causal: bool) 
 
 
 def toeplitz_spectrum(kernel: torch.Tensor, n: int, causal: bool, fft_size: int | None = None) -> torch.Tensor:
-    """rfft of the circulant embedding: (N/2 + 1, d) complex, float32 or float64."""
+    """rfft of the circulant embedding, channels first: (d, N/2 + 1) complex, float32 or float64."""
     fft_size = fft_size or fast_fft_size(2 * n)
     layout = circulant_layout(kernel.to(spectral_dtype(kernel.dtype)), n, fft_size, causal)
-    return torch.fft.rfft(layout, dim=0)
+    return torch.fft.rfft(layout.t(), dim=-1)
 
 
 class _SpectralConvolution(torch.autograd.Function):
-    """y = irfft(rfft(x, N) * K)[:n] along dim 1, with a backward of exactly two FFTs.
+    """y = irfft(rfft(x, N) * K)[:n] along the length of x (batch, n, d); K is (d, N/2 + 1).
 
-    Gradients: dL/dx = irfft(G * conj(K))[:n] (a correlation) and, in PyTorch's convention for a
-    complex K, dL/dK = sum_batch (c / N) * G * conj(X), where G = rfft(dL/dy, N) and c are the
-    onesided Hermitian weights. PyTorch's generic rfft backward would run a full complex FFT.
-    Large temporaries are reused in place: on CPU a fresh buffer costs more than the arithmetic.
+    Backward of exactly two FFTs: dL/dx = irfft(G * conj(K))[:n] (a correlation) and, in
+    PyTorch's convention for a complex K, dL/dK = sum_batch (c / N) * G * conj(X), where
+    G = rfft(dL/dy, N) and c are the onesided Hermitian weights (PyTorch's generic rfft backward
+    would run a full complex FFT). Large temporaries are reused in place: on CPU a fresh buffer
+    costs more than the arithmetic. The output is a (batch, n, d) view of a channels-first buffer.
     """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, spectrum: torch.Tensor, fft_size: int) -> torch.Tensor:
         n = x.shape[1]
-        x_freq = torch.fft.rfft(x, n=fft_size, dim=1)
+        x_freq = torch.fft.rfft(x.transpose(1, 2), n=fft_size, dim=-1)
         if ctx.needs_input_grad[1]:
             ctx.save_for_backward(x_freq, spectrum)
             product = x_freq * spectrum
@@ -68,21 +73,21 @@ class _SpectralConvolution(torch.autograd.Function):
                 ctx.save_for_backward(spectrum)
             product = x_freq.mul_(spectrum)
         ctx.fft_size = fft_size
-        return torch.fft.irfft(product, n=fft_size, dim=1)[:, :n]
+        return torch.fft.irfft(product, n=fft_size, dim=-1)[..., :n].transpose(1, 2)
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):
         *x_freq, spectrum = ctx.saved_tensors
         fft_size, n = ctx.fft_size, grad_y.shape[1]
-        conj_grad_freq = torch.conj_physical_(torch.fft.rfft(grad_y, n=fft_size, dim=1))
+        conj_grad_freq = torch.conj_physical_(torch.fft.rfft(grad_y.transpose(1, 2), n=fft_size, dim=-1))
         grad_x = grad_spectrum = None
         if ctx.needs_input_grad[1]:
             grad_spectrum = _batch_sum_of_products(conj_grad_freq, x_freq[0])
             weights = hermitian_weights(fft_size, grad_y.dtype, grad_y.device).div_(fft_size)
-            grad_spectrum = torch.conj_physical_(grad_spectrum).mul_(weights[:, None])
+            grad_spectrum = torch.conj_physical_(grad_spectrum).mul_(weights)
         if ctx.needs_input_grad[0]:
             grad_freq = torch.conj_physical_(conj_grad_freq.mul_(spectrum))
-            grad_x = torch.fft.irfft(grad_freq, n=fft_size, dim=1)[:, :n]
+            grad_x = torch.fft.irfft(grad_freq, n=fft_size, dim=-1)[..., :n].transpose(1, 2)
         return grad_x, grad_spectrum, None
 
 
@@ -95,7 +100,7 @@ def _batch_sum_of_products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def spectral_matvec(x: torch.Tensor, spectrum: torch.Tensor, fft_size: int) -> torch.Tensor:
-    """Apply a circulant-embedded operator given by its spectrum to x (batch, n, d).
+    """Apply a circulant-embedded operator given by its (d, N/2 + 1) spectrum to x (batch, n, d).
 
     Runs in float32 (float64 stays float64) and returns x's dtype.
     """

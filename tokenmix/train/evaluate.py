@@ -1,8 +1,13 @@
-"""Evaluation: cross-entropy, bits per byte (BPC = loss / ln 2) and perplexity."""
+"""Evaluation: cross-entropy, bits per byte (BPC = loss / ln 2) and perplexity.
+
+Windows of ``length`` tokens cover the split without overlap (no context carried across
+windows); the last window is padded and masked.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -16,8 +21,8 @@ def _summary(total_loss: float, tokens: int) -> dict:
 
 
 @torch.no_grad()
-def evaluate_lm(model, data: torch.Tensor, length: int, batch_size: int = 8, max_tokens: int | None = None) -> dict:
-    """Next-token loss over non-overlapping windows of ``length`` (no context carried across windows)."""
+def _evaluate(model, data: torch.Tensor, length: int, batch_size: int, max_tokens: int | None, objective: Callable) -> dict:
+    """Sum the loss of ``objective(inputs, next_tokens, mask) -> (model inputs, targets)`` over windows."""
     if max_tokens is not None:
         data = data[: max_tokens + 1]
     was_training = model.training
@@ -26,33 +31,24 @@ def evaluate_lm(model, data: torch.Tensor, length: int, batch_size: int = 8, max
     total, count = 0.0, 0
     windows = list(contiguous_windows(data, length))
     for start in range(0, len(windows), batch_size):
-        inputs, targets, mask = (torch.stack(column).to(device) for column in zip(*windows[start : start + batch_size], strict=True))
-        logits = model(inputs, mask if not bool(mask.all()) else None)
-        losses = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none")
-        total += float(losses[mask.flatten()].sum())
-        count += int(mask.sum())
-    model.train(was_training)
-    return _summary(total, count)
-
-
-@torch.no_grad()
-def evaluate_mlm(
-    model, data: torch.Tensor, length: int, mask_id: int, batch_size: int = 8, max_tokens: int | None = None, seed: int = 0
-) -> dict:
-    """Masked-LM loss on the selected tokens, with masking fixed by ``seed``."""
-    if max_tokens is not None:
-        data = data[: max_tokens + 1]
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    total, count = 0.0, 0
-    rows = [inputs for inputs, _, mask in contiguous_windows(data, length) if bool(mask.all())] or [data[:length].long()]
-    generator = step_generator(seed, 0)
-    for start in range(0, len(rows), batch_size):
-        tokens = torch.stack(rows[start : start + batch_size])
-        inputs, targets = mask_tokens(tokens, mask_id, mask_id, generator)
-        logits = model(inputs.to(device))
-        total += float(F.cross_entropy(logits.flatten(0, 1).float(), targets.to(device).flatten(), reduction="sum", ignore_index=-100))
+        inputs, next_tokens, mask = (torch.stack(column) for column in zip(*windows[start : start + batch_size], strict=True))
+        inputs, targets = objective(inputs, next_tokens, mask)
+        targets = targets.masked_fill(~mask, -100).to(device)
+        logits = model(inputs.to(device), None if bool(mask.all()) else mask.to(device))
+        total += float(F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum", ignore_index=-100))
         count += int((targets != -100).sum())
     model.train(was_training)
     return _summary(total, count)
+
+
+def evaluate_lm(model, data: torch.Tensor, length: int, batch_size: int = 8, max_tokens: int | None = None) -> dict:
+    """Next-token loss of a causal LM."""
+    return _evaluate(model, data, length, batch_size, max_tokens, lambda inputs, next_tokens, mask: (inputs, next_tokens))
+
+
+def evaluate_mlm(
+    model, data: torch.Tensor, length: int, mask_id: int, batch_size: int = 8, max_tokens: int | None = None, seed: int = 0
+) -> dict:
+    """Masked-LM loss on the selected tokens, with the masking fixed by ``seed``."""
+    generator = step_generator(seed, 0)
+    return _evaluate(model, data, length, batch_size, max_tokens, lambda inputs, next_tokens, mask: mask_tokens(inputs, mask_id, mask_id, generator))

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..data.batches import lm_batch, mlm_batch, step_generator
+from ..data.batches import lm_batch, mlm_batch, step_generator, step_seed
 from ..data.corpus import BYTE_VOCAB, load_corpus
 from ..models.config import ModelConfig
 from ..models.model import SequenceModel
@@ -99,9 +99,10 @@ def resolve_device(name: str) -> torch.device:
 
 def _parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Weight decay on weight matrices only: not on biases, norms or the (tied) embedding."""
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embedding" not in n]
-    rest = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embedding" not in n)]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    groups = {True: [], False: []}
+    for name, parameter in model.named_parameters():
+        groups[parameter.dim() >= 2 and "embedding" not in name].append(parameter)
+    return [{"params": groups[True], "weight_decay": weight_decay}, {"params": groups[False], "weight_decay": 0.0}]
 
 
 class Trainer:
@@ -181,7 +182,7 @@ class Trainer:
 
     def train_step(self) -> float:
         inputs, targets = (t.to(self.device) for t in self.batch(self.step))
-        torch.manual_seed(step_generator(self.config.seed, self.step, self.context.rank).initial_seed() + 1)
+        torch.manual_seed(step_seed(self.config.seed, self.step, self.context.rank) + 1)  # dropout, apart from batches
         logits = self.trained(inputs)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
         self.optimizer.zero_grad(set_to_none=True)
