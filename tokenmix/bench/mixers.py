@@ -15,6 +15,7 @@ from ..mixers.registry import build_mixer
 from ..ops.fft import fast_fft_size
 from .timing import median_ms
 
+
 @dataclass
 class Measurement:
     mixer: str

@@ -51,4 +51,8 @@ def evaluate_mlm(
 ) -> dict:
     """Masked-LM loss on the selected tokens, with the masking fixed by ``seed``."""
     generator = step_generator(seed, 0)
-    return _evaluate(model, data, length, batch_size, max_tokens, lambda inputs, next_tokens, mask: mask_tokens(inputs, mask_id, mask_id, generator))
+
+    def masked(inputs, next_tokens, mask):
+        return mask_tokens(inputs, mask_id, mask_id, generator)
+
+    return _evaluate(model, data, length, batch_size, max_tokens, masked)
