@@ -120,7 +120,7 @@ def test_cli_train_eval_generate(text_file, tmp_path, capsys):
     ]
     assert main(["train", *common, "--steps", "3", "--out", str(out), "--sample-tokens", "8", "-o", "rpe_dim=8", "-o", "decay=1.0"]) == 0
     printed = capsys.readouterr().out
-    assert "validation: loss" in printed and "sample:" in printed
+    assert "validation: loss" in printed and "sample:" in printed and "s/step" in printed
     assert load_checkpoint(out)["model_config"]["options"]["decay"] == 1.0
     report = tmp_path / "eval.json"
     assert main(["eval", str(out), "--lengths", "16,64", "--json", str(report)]) == 0
@@ -187,3 +187,14 @@ def test_two_process_ddp_keeps_ranks_in_sync(text_file, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "RANKS IN SYNC" in result.stdout
     assert load_checkpoint(tmp_path / "ddp")["step"] == 4
+
+
+def test_masked_lm_training_and_evaluation(text_file, tmp_path, capsys):
+    trainer = Trainer(tiny_config(text_file, tmp_path / "mlm", task="mlm", steps=3), progress=False)
+    first = trainer.evaluate("val")
+    final = trainer.run()
+    assert trainer.model.config.vocab_size == 257 and not trainer.model.config.causal
+    assert 0 < final["tokens"] < 0.25 * trainer.corpus.val.numel()  # only the masked ~15 % are scored
+    assert final["loss"] < first["loss"]
+    assert main(["eval", str(tmp_path / "mlm"), "--split", "val"]) == 0
+    assert "tnn (mlm, " in capsys.readouterr().out

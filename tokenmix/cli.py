@@ -76,6 +76,9 @@ def run_train(args) -> int:
     try:
         final = trainer.run()
         if trainer.context.is_main:
+            if "seconds_per_step" in final:
+                speed = f"{final['seconds_per_step']:.3f} s/step, {final['train_tokens_per_s']:,.0f} tokens/s"
+                print(f"training: {trainer.step} steps, {speed}, {trainer.model.num_parameters():,} parameters")
             print(f"validation: loss {final['loss']:.4f}  bpc {final['bpc']:.4f}  ({final['tokens']} tokens)")
             if config.task == "lm" and args.sample_tokens > 0:
                 prompt = torch.tensor(list(DEMO_PROMPT.encode()), dtype=torch.long)
@@ -114,13 +117,19 @@ def run_eval(args) -> int:
             metrics = evaluate_lm(model, data, length, args.batch_size, args.max_tokens)
         rows.append({"length": length, **metrics})
     source, trained_at = train_config["data"], train_config["seq_len"]
-    print(f"{model.config.name} ({model.config.task}) on the {args.split} split of {source}, trained at length {trained_at}")
-    print(format_table(rows, ["length", "loss", "bpc", "ppl", "tokens"]))
+    reading = "contiguous streams, memory carried across segments" if model.recurrent else "independent windows"
+    print(f"{model.config.name} ({model.config.task}, {model.num_parameters():,} parameters) on the {args.split} split of {source}")
+    print(f"trained at length {trained_at}; evaluated on {reading}")
+    for row in rows:  # length extrapolation: how the loss changes against the first length
+        row["loss_vs_first"] = row["loss"] / rows[0]["loss"] - 1.0
+    shown = [{**row, "loss_vs_first": f"{row['loss_vs_first']:+.2%}"} for row in rows]
+    print(format_table(shown, ["length", "loss", "bpc", "ppl", "tokens", "loss_vs_first"]))
     if args.json:
         result = {
             "checkpoint": str(args.checkpoint),
             "model": model.config.name,
             "task": model.config.task,
+            "parameters": model.num_parameters(),
             "split": args.split,
             "train_length": train_config["seq_len"],
             "results": rows,
@@ -166,7 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    args.argv = argv
     try:
         return args.handler(args)
     except ValueError as error:

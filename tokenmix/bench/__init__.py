@@ -1,6 +1,7 @@
-"""Speed measurement of mixers (median of repeats after warm-up)."""
+"""Speed and memory measurement of mixers, layers and models."""
 
-from .mixers import Measurement, fft_floor_ms, measure_mixer
+from .cases import Case
+from .measure import MEASUREMENT_FIELDS, Measurement, fft_floor_ms, measure
 from .timing import median_ms
 
-__all__ = ["Measurement", "fft_floor_ms", "measure_mixer", "median_ms"]
+__all__ = ["MEASUREMENT_FIELDS", "Case", "Measurement", "fft_floor_ms", "measure", "median_ms"]

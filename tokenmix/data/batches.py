@@ -65,3 +65,28 @@ def contiguous_windows(data: torch.Tensor, length: int):
         targets[:size] = data[start + 1 : start + size + 1]
         mask = torch.arange(length) < size
         yield inputs, targets, mask
+
+
+class StreamBatches:
+    """Contiguous streams for segment-recurrent training (Transformer-XL style).
+
+    The split is cut into ``rows * world_size`` equal streams; this rank reads ``rows`` of them.
+    Step s reads segment s mod ``segments`` of each stream, so consecutive steps continue the same
+    text and a model's memory stays meaningful; a new pass over the data starts fresh.
+    """
+
+    def __init__(self, data: torch.Tensor, rows: int, length: int, rank: int = 0, world_size: int = 1):
+        total_rows = rows * world_size
+        stream_length = data.numel() // total_rows
+        self.segments = (stream_length - 1) // length
+        if self.segments < 1:
+            raise ValueError(f"the split ({data.numel()} tokens) is too short for {total_rows} streams of {length + 1} tokens")
+        table = data[: total_rows * stream_length].view(total_rows, stream_length)
+        self.rows = table[rank * rows : (rank + 1) * rows]
+        self.length = length
+
+    def batch(self, step: int):
+        """(inputs, targets, fresh): fresh is True where a pass over the streams begins."""
+        segment = step % self.segments
+        window = self.rows[:, segment * self.length : (segment + 1) * self.length + 1].long()
+        return window[:, :-1], window[:, 1:], segment == 0

@@ -1,12 +1,15 @@
 """Token mixers: (batch, length, dim) -> same shape; one file per family, a name registry."""
 
-from . import tno  # noqa: F401  (registers "tno")
+from . import fnet, tno  # noqa: F401  (register the mixers)
 from .base import Mixer, check_sequence, zero_padding
+from .fnet import Fnet, FnetAr
 from .registry import build_mixer, list_mixers, register_mixer
 from .rpe import RelativePositionEncoder
 from .tno import Tno
 
 __all__ = [
+    "Fnet",
+    "FnetAr",
     "Mixer",
     "RelativePositionEncoder",
     "Tno",

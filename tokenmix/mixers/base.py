@@ -33,6 +33,7 @@ class Mixer(nn.Module):
     """Base class: validates input, zeros padding, then calls ``mix`` on (batch, length, dim)."""
 
     fft_based = False
+    causal_modes: tuple[bool, ...] = (False, True)  # the values of ``causal`` the mixer supports
 
     def __init__(self, dim: int, causal: bool):
         super().__init__()

@@ -25,11 +25,16 @@ def list_mixers() -> list[str]:
     return sorted(_MIXERS)
 
 
+def mixer_class(name: str):
+    if name not in _MIXERS:
+        raise ValueError(f"mixer name must be one of {list_mixers()}, got {name!r}")
+    return _MIXERS[name]
+
+
 def build_mixer(name: str, dim: int, causal: bool = False, **options) -> nn.Module:
     """Build a registered mixer: (batch, length, dim) -> (batch, length, dim)."""
-    if name not in _MIXERS:
-        raise ValueError(f"name must be one of {list_mixers()}, got {name!r}")
+    constructor = mixer_class(name)
     try:
-        return _MIXERS[name](dim, causal, **options)
+        return constructor(dim, causal, **options)
     except TypeError as error:  # unknown keyword option
         raise ValueError(f"bad options for mixer {name!r}: {error}") from None

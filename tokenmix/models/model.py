@@ -4,11 +4,15 @@
 - task "mlm": bidirectional blocks, tied output embedding, logits (batch, length, vocab).
 - task "classify": bidirectional blocks, masked mean pooling, logits (batch, num_classes).
 The embedding is scaled by sqrt(dim); there is no positional embedding (the mixers carry position).
+
+Recurrent models (Transformer-XL and FNetAR-XL) read a stream segment by segment: each block keeps
+the block inputs of recent segments as memory (no gradient), carried in a ``SegmentState``.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -31,6 +35,14 @@ def check_tokens(tokens: torch.Tensor, vocab_size: int, mask: torch.Tensor | Non
         raise ValueError(f"mask must be a bool tensor of shape {tuple(tokens.shape)}, got {mask.dtype} {tuple(mask.shape)}")
 
 
+@dataclass
+class SegmentState:
+    """What a recurrent model carries between segments: per-block memory and the stream position."""
+
+    memory: list[torch.Tensor]
+    position: int = 0
+
+
 class SequenceModel(nn.Module):
     """A stack of blocks chosen by model name, with the head of ``config.task``."""
 
@@ -43,30 +55,45 @@ class SequenceModel(nn.Module):
         self.embedding = nn.Embedding(config.vocab_size, config.dim)
         nn.init.normal_(self.embedding.weight, std=config.dim**-0.5)
         self.embedding_dropout = nn.Dropout(dropout)
+        if config.task not in spec.tasks:
+            raise ValueError(f"task for model {config.name!r} must be one of {list(spec.tasks)}, got {config.task!r}")
         try:
-            self.blocks = nn.ModuleList(spec.block(config.dim, config.causal, **options) for _ in range(config.depth))
+            self.blocks = nn.ModuleList(spec.layers(config.dim, config.causal, config.depth, **options))
         except TypeError as error:
             raise ValueError(f"bad options for model {config.name!r}: {error}") from None
+        self.recurrent = any(getattr(block, "recurrent", False) for block in self.blocks)
         self.final_norm = nn.LayerNorm(config.dim)
         self.classifier = nn.Linear(config.dim, config.num_classes) if config.task == "classify" else None
 
-    def hidden_states(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def hidden_states(self, tokens: torch.Tensor, mask: torch.Tensor | None = None, state: SegmentState | None = None):
+        """Final-norm hidden states (batch, n, dim) and, for recurrent models, the next SegmentState."""
         check_tokens(tokens, self.config.vocab_size, mask)
         x = self.embedding_dropout(self.embedding(tokens) * math.sqrt(self.config.dim))
-        for block in self.blocks:
-            x = block(x, mask)
-        return self.final_norm(x)
+        if not self.recurrent:
+            for block in self.blocks:
+                x = block(x, mask)
+            return self.final_norm(x), None
+        memories = state.memory if state is not None else [None] * len(self.blocks)
+        start = state.position if state is not None else 0
+        kept = []
+        for block, memory in zip(self.blocks, memories, strict=True):
+            kept.append(_remember(memory, x, block.memory_length))
+            x = block(x, mask, memory, start)
+        return self.final_norm(x), SegmentState(kept, start + tokens.shape[1])
 
-    def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        h = self.hidden_states(tokens, mask)
+    def forward(
+        self, tokens: torch.Tensor, mask: torch.Tensor | None = None, *, state: SegmentState | None = None, return_state: bool = False
+    ):
+        """Logits; with ``return_state=True`` also the SegmentState for the next segment (recurrent models)."""
+        h, next_state = self.hidden_states(tokens, mask, state)
         if self.classifier is None:
-            return h @ self.embedding.weight.t()
-        if mask is None:
-            pooled = h.mean(dim=1)
+            logits = h @ self.embedding.weight.t()
+        elif mask is None:
+            logits = self.classifier(h.mean(dim=1))
         else:
             weights = mask.to(h.dtype)[..., None]
-            pooled = (h * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)
-        return self.classifier(pooled)
+            logits = self.classifier((h * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0))
+        return (logits, next_state) if return_state else logits
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -75,6 +102,13 @@ class SequenceModel(nn.Module):
         from .pretrained import save_pretrained
 
         save_pretrained(self, directory)
+
+
+def _remember(memory: torch.Tensor | None, inputs: torch.Tensor, length: int) -> torch.Tensor:
+    """The newest ``length`` block inputs of [memory; inputs], detached."""
+    inputs = inputs.detach()
+    joined = inputs if memory is None else torch.cat([memory, inputs], dim=1)
+    return joined[:, max(0, joined.shape[1] - length) :]
 
 
 def build_model(

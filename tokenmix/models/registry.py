@@ -1,4 +1,4 @@
-"""Model names -> block constructors and their default options."""
+"""Model names -> layer stacks, their default options and the tasks they support."""
 
 from __future__ import annotations
 
@@ -7,18 +7,33 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ..blocks import TnnBlock
+from ..blocks import TnnBlock, fnet_ar_xl_layers, xl_layers
+from .config import TASKS
+
+
+def repeated(block: Callable[..., nn.Module]) -> Callable[..., list[nn.Module]]:
+    """A layers factory stacking ``depth`` copies of one block type."""
+
+    def layers(dim: int, causal: bool, depth: int, **options) -> list[nn.Module]:
+        return [block(dim, causal, **options) for _ in range(depth)]
+
+    return layers
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    block: Callable[..., nn.Module]
+    layers: Callable[..., list[nn.Module]]  # (dim, causal, depth, **options) -> blocks
     defaults: dict = field(default_factory=dict)
     description: str = ""
+    tasks: tuple[str, ...] = TASKS
 
 
 _MODELS: dict[str, ModelSpec] = {
-    "tnn": ModelSpec(TnnBlock, {"mixer": "tno"}, "Toeplitz neural network (paper 002): GTU(TNO) + GLU blocks"),
+    "tnn": ModelSpec(repeated(TnnBlock), {"mixer": "tno"}, "Toeplitz neural network (paper 002): GTU(TNO) + GLU blocks"),
+    "transformer_xl": ModelSpec(xl_layers, {}, "Transformer-XL: relative attention over [memory; segment]", ("lm",)),
+    "fnet_ar_xl": ModelSpec(
+        fnet_ar_xl_layers, {}, "Transformer-XL with half its attention layers replaced by FNetAR mixing (paper 003)", ("lm",)
+    ),
 }
 
 

@@ -2,6 +2,7 @@
 
 from .activations import ACTIVATIONS, get_activation
 from .fft import fast_fft_size, hermitian_weights, spectral_dtype
+from .fourier import fnet_mixing, fourier_ar_matrix, fourier_ar_mix, naive_fourier_ar_mix
 from .toeplitz import (
     circulant_layout,
     naive_toeplitz_matrix,
@@ -15,8 +16,12 @@ __all__ = [
     "ACTIVATIONS",
     "circulant_layout",
     "fast_fft_size",
+    "fnet_mixing",
+    "fourier_ar_matrix",
+    "fourier_ar_mix",
     "get_activation",
     "hermitian_weights",
+    "naive_fourier_ar_mix",
     "naive_toeplitz_matrix",
     "naive_toeplitz_matvec",
     "spectral_dtype",

@@ -30,6 +30,14 @@ class DistributedContext:
         dist.all_reduce(tensor)
         return float(tensor) / self.world_size
 
+    def gather_objects(self, value) -> list:
+        """``value`` from every rank, in rank order (a one-item list without DDP)."""
+        if not self.enabled:
+            return [value]
+        gathered = [None] * self.world_size
+        dist.all_gather_object(gathered, value)
+        return gathered
+
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()

@@ -1,7 +1,8 @@
 """Evaluation: cross-entropy, bits per byte (BPC = loss / ln 2) and perplexity.
 
 Windows of ``length`` tokens cover the split without overlap (no context carried across
-windows); the last window is padded and masked.
+windows); the last window is padded and masked. Recurrent models (Transformer-XL family) read
+the split as ``batch_size`` contiguous streams instead, segment by segment, memory carried.
 """
 
 from __future__ import annotations
@@ -41,8 +42,28 @@ def _evaluate(model, data: torch.Tensor, length: int, batch_size: int, max_token
     return _summary(total, count)
 
 
+@torch.no_grad()
+def _evaluate_streams(model, data: torch.Tensor, length: int, batch_size: int) -> dict:
+    """Next-token loss over contiguous streams read in segments of ``length``, memory carried."""
+    rows = max(1, min(batch_size, (data.numel() - 1) // length))
+    stream_length = (data.numel() - 1) // rows
+    table = data[torch.arange(rows)[:, None] * stream_length + torch.arange(stream_length + 1)[None, :]].long()
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    total, state = 0.0, None
+    for start in range(0, stream_length, length):
+        window = table[:, start : start + length + 1].to(device)
+        logits, state = model(window[:, :-1], state=state, return_state=True)
+        total += float(F.cross_entropy(logits.flatten(0, 1).float(), window[:, 1:].flatten(), reduction="sum"))
+    model.train(was_training)
+    return _summary(total, rows * stream_length)
+
+
 def evaluate_lm(model, data: torch.Tensor, length: int, batch_size: int = 8, max_tokens: int | None = None) -> dict:
-    """Next-token loss of a causal LM."""
+    """Next-token loss of a causal LM (recurrent models: with memory carried across segments)."""
+    if getattr(model, "recurrent", False):
+        return _evaluate_streams(model, data if max_tokens is None else data[: max_tokens + 1], length, batch_size)
     return _evaluate(model, data, length, batch_size, max_tokens, lambda inputs, next_tokens, mask: (inputs, next_tokens))
 
 

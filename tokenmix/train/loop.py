@@ -1,7 +1,9 @@
 """The training loop: single process or torchrun DDP, periodic validation, atomic checkpoints.
 
 Batches and dropout are drawn from generators seeded by (seed, step, rank), so a resumed run
-sees exactly the batches an uninterrupted run would, on any number of processes.
+sees exactly the batches an uninterrupted run would, on any number of processes. Recurrent
+models (Transformer-XL family) read contiguous streams segment by segment instead, carrying
+their memory from step to step; the memory is saved in checkpoints so resuming stays exact.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..data.batches import lm_batch, mlm_batch, step_generator, step_seed
+from ..data.batches import StreamBatches, lm_batch, mlm_batch, step_generator, step_seed
 from ..data.corpus import BYTE_VOCAB, load_corpus
 from ..models.config import ModelConfig
-from ..models.model import SequenceModel
+from ..models.model import SegmentState, SequenceModel
 from ..models.pretrained import save_pretrained
 from .checkpoint import CHECKPOINT_FILE, load_checkpoint, restore_rng_state, rng_state, save_checkpoint
 from .distributed import DistributedContext, init_distributed
@@ -105,6 +107,12 @@ def _parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]
     return [{"params": groups[True], "weight_decay": weight_decay}, {"params": groups[False], "weight_decay": 0.0}]
 
 
+def _to_device(state: SegmentState | None, device) -> SegmentState | None:
+    if state is None:
+        return None
+    return SegmentState([memory.to(device) for memory in state.memory], state.position)
+
+
 class Trainer:
     """Owns one run: model, optimizer, schedule, data and the run directory."""
 
@@ -128,6 +136,11 @@ class Trainer:
         )
         self.step = 0
         self.total_steps = config.steps
+        self.segment_state: SegmentState | None = None
+        self.streams = None
+        if self.model.recurrent:
+            rank, world = self.context.rank, self.context.world_size
+            self.streams = StreamBatches(self.corpus.train, config.batch_size, config.seq_len, rank, world)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._multiplier)
         if resume:
             self._resume()
@@ -162,10 +175,15 @@ class Trainer:
         self.step, self.total_steps = state["step"], state["total_steps"]
         self.scheduler.load_state_dict(state["scheduler"])
         restore_rng_state(state["rng"])
+        segment_states = state.get("segment_states") or [None] * self.context.world_size
+        if len(segment_states) != self.context.world_size:
+            raise ValueError(f"--resume: the checkpoint was written by {len(segment_states)} processes; resume with as many")
+        self.segment_state = _to_device(segment_states[self.context.rank], self.device)
 
     def save(self) -> None:
+        segment_states = self.context.gather_objects(_to_device(self.segment_state, "cpu"))
         if self.context.is_main:
-            save_checkpoint(self.out / CHECKPOINT_FILE, self.state())
+            save_checkpoint(self.out / CHECKPOINT_FILE, {**self.state(), "segment_states": segment_states})
 
     def log(self, record: dict) -> None:
         if self.context.is_main:
@@ -181,9 +199,15 @@ class Trainer:
         return lm_batch(self.corpus.train, self.config.batch_size, self.config.seq_len, generator)
 
     def train_step(self) -> float:
-        inputs, targets = (t.to(self.device) for t in self.batch(self.step))
         torch.manual_seed(step_seed(self.config.seed, self.step, self.context.rank) + 1)  # dropout, apart from batches
-        logits = self.trained(inputs)
+        if self.streams is None:
+            inputs, targets = (t.to(self.device) for t in self.batch(self.step))
+            logits = self.trained(inputs)
+        else:
+            inputs, targets, fresh = self.streams.batch(self.step)
+            inputs, targets = inputs.to(self.device), targets.to(self.device)
+            state = None if fresh else self.segment_state
+            logits, self.segment_state = self.trained(inputs, state=state, return_state=True)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -244,6 +268,9 @@ class Trainer:
                 self.save()
         bar.close()
         final = self.evaluate("val")
+        if step_seconds:
+            seconds = sum(step_seconds) / len(step_seconds)
+            final.update(seconds_per_step=seconds, train_tokens_per_s=tokens_per_step / seconds)
         self.log({"step": self.step, "split": "val", "final": True, **final})
         self.save()
         if self.context.is_main:

@@ -1,0 +1,91 @@
+import json
+from argparse import Namespace
+
+import pytest
+
+from tokenmix.bench import MEASUREMENT_FIELDS, Case, measure
+from tokenmix.bench.cli import bench_cases
+from tokenmix.bench.report import reading
+from tokenmix.cli import main
+
+FIELD_TYPES = {
+    "kind": str,
+    "mixer": str,
+    "causal": bool,
+    "length": int,
+    "batch": int,
+    "dim": int,
+    "dtype": str,
+    "device": str,
+    "threads": int,
+    "torch": str,
+    "forward_ms": float,
+    "forward_backward_ms": float,
+    "tokens_per_s": float,
+    "peak_mem_mb": float,
+}
+RATIO_FIELDS = ("fft_floor_ms", "fwd_ratio_to_fft", "fwdbwd_ratio_to_fft")
+
+
+def check_record(record: dict) -> None:
+    assert set(record) == set(MEASUREMENT_FIELDS) == set(FIELD_TYPES) | set(RATIO_FIELDS)
+    for name, kind in FIELD_TYPES.items():
+        assert isinstance(record[name], kind), name
+    assert record["forward_ms"] > 0 and record["forward_backward_ms"] > 0 and record["peak_mem_mb"] >= 0
+    fft_based = record["kind"] == "mixer" and record["mixer"] in ("tno", "fnet")
+    for name in RATIO_FIELDS:
+        assert (record[name] is not None) == fft_based, name
+    if fft_based:
+        assert record["fwd_ratio_to_fft"] == pytest.approx(record["forward_ms"] / record["fft_floor_ms"])
+
+
+def test_tiny_bench_run_writes_valid_json_plots_and_report(tmp_path, capsys):
+    output, plots, report = tmp_path / "bench.json", tmp_path / "plots", tmp_path / "bench.md"
+    sizes = ["--dim", "8", "--model-dim", "8", "--batch-tokens", "64", "--repeats", "1"]
+    arguments = ["bench", "--mixers", "tno", "--models", "tnn", "--lengths", "8,32", "--causal", "yes", *sizes]
+    assert main([*arguments, "--output", str(output), "--plot", str(plots), "--report", str(report)]) == 0
+    records = json.loads(output.read_text())
+    assert len(records) == 3 * 2  # kinds x lengths, each measured in a fresh process
+    for record in records:
+        check_record(record)
+    assert {r["kind"] for r in records} == {"mixer", "layer", "model"}
+    assert sorted(p.name for p in plots.iterdir()) == ["memory.png", "ratios.png", "time_vs_length.png"]
+    text = report.read_text()
+    assert "tokenmix bench" in text and "## Reading" in text and "](plots/ratios.png)" in text
+    assert "fwdbwd_ratio_to_fft" in capsys.readouterr().out
+
+
+def test_measure_in_process_and_reading():
+    record = measure(Case("mixer", "tno", True, 16, 4, 2), repeats=1).to_dict()
+    check_record(record)
+    longer = {**record, "length": 32, "forward_backward_ms": record["forward_backward_ms"] * 2}
+    lines = reading([record, longer])
+    assert any("target <= 1.3x" in line for line in lines)
+    assert any("grows 1.00x" in line for line in lines)  # twice the time for twice the tokens
+
+
+def test_cases_skip_modes_a_mixer_or_model_lacks():
+    arguments = Namespace(
+        mixers=None, models=None, kinds=["mixer", "layer", "model"], causal="both", lengths=[64],
+        dim=8, model_dim=8, batch_tokens=64, dtype="float32", device="cpu",
+    )  # fmt: skip
+    cases = {(c.kind, c.name, c.causal) for c in bench_cases(arguments)}
+    assert ("mixer", "fnet", False) in cases and ("mixer", "fnet", True) not in cases
+    assert ("mixer", "fnet_ar", True) in cases and ("mixer", "fnet_ar", False) not in cases
+    assert ("mixer", "tno", False) in cases and ("mixer", "tno", True) in cases
+    assert ("model", "transformer_xl", True) in cases and ("model", "transformer_xl", False) not in cases
+    assert ("layer", "tnn", False) in cases
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--kinds", "mixer,nonsense"], "kinds"),
+        (["--mixers", "nope"], "mixer name"),
+        (["--models", "nope", "--kinds", "model"], "model name"),
+    ],
+)
+def test_bad_bench_arguments(arguments, message, capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--lengths", "8", *arguments])
+    assert message in capsys.readouterr().err

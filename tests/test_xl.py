@@ -1,0 +1,132 @@
+import math
+
+import pytest
+import torch
+from conftest import assert_causal_gradient
+
+import tokenmix
+from tokenmix.blocks.xl import RelativeAttention, fourier_layer_indices, sinusoid_positions
+from tokenmix.train import TrainConfig, Trainer
+
+
+def naive_relative_attention(attention: RelativeAttention, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    """Explicit scores per (i, j) over [memory; segment], causal mask, softmax, weighted values."""
+    batch, n, dim = x.shape
+    total, memory = context.shape[1], context.shape[1] - x.shape[1]
+    heads, head_dim = attention.heads, attention.head_dim
+    q = attention.query(x).view(batch, n, heads, head_dim)
+    k, v = attention.key_value(context).view(batch, total, 2, heads, head_dim).unbind(2)
+    r = attention.position(sinusoid_positions(total, dim).to(x.dtype)).view(total, heads, head_dim)
+    out = torch.zeros(batch, n, heads, head_dim, dtype=x.dtype)
+    for b in range(batch):
+        for h in range(heads):
+            for i in range(n):
+                allowed = range(memory + i + 1)
+                scores = torch.stack(
+                    [
+                        (q[b, i, h] + attention.content_bias[h]) @ k[b, j, h]
+                        + (q[b, i, h] + attention.position_bias[h]) @ r[memory + i - j, h]
+                        for j in allowed
+                    ]
+                ) / math.sqrt(head_dim)
+                out[b, i, h] = torch.softmax(scores, 0) @ v[b, : len(allowed), h]
+    return attention.out(out.reshape(batch, n, dim))
+
+
+@pytest.mark.parametrize("memory", [0, 5])
+def test_relative_attention_equals_explicit_masked_attention(memory):
+    attention = RelativeAttention(8, heads=2).double()
+    torch.nn.init.normal_(attention.content_bias)
+    torch.nn.init.normal_(attention.position_bias)
+    x = torch.randn(2, 6, 8, dtype=torch.float64)
+    context = torch.cat([torch.randn(2, memory, 8, dtype=torch.float64), x], dim=1)
+    torch.testing.assert_close(attention(x, context), naive_relative_attention(attention, x, context))
+
+
+def xl(name, **options):
+    settings = {"memory_length": 64, "window": 8, "heads": 2, **options}
+    return tokenmix.build_model(name, vocab_size=30, dim=16, depth=4, **settings).double().eval()
+
+
+@pytest.mark.parametrize("name", ["transformer_xl", "fnet_ar_xl"])
+def test_segments_with_memory_equal_one_pass_when_memory_covers_the_stream(name):
+    model = xl(name)
+    tokens = torch.randint(0, 30, (2, 40))
+    whole = model(tokens)
+    pieces, state = [], None
+    for start, stop in [(0, 10), (10, 23), (23, 24), (24, 40)]:
+        logits, state = model(tokens[:, start:stop], state=state, return_state=True)
+        pieces.append(logits)
+    torch.testing.assert_close(torch.cat(pieces, dim=1), whole)
+    assert state.position == 40 and all(m.shape[1] == 40 for m in state.memory)
+
+
+@pytest.mark.parametrize("name", ["transformer_xl", "fnet_ar_xl"])
+def test_xl_language_models_are_causal(name):
+    model = xl(name)
+    tokens = torch.randint(0, 30, (2, 30))
+    embeddings = model.embedding(tokens).detach().requires_grad_(True)
+    model.embedding.forward = lambda _tokens: embeddings
+    (grad,) = torch.autograd.grad(model(tokens)[:, 12].sum(), embeddings)
+    assert_causal_gradient(grad, 12)
+
+
+def test_memory_is_truncated_and_padding_ignored():
+    model = xl("transformer_xl", memory_length=5)
+    tokens = torch.randint(0, 30, (2, 12))
+    _, state = model(tokens, return_state=True)
+    assert all(m.shape[1] == 5 for m in state.memory)
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[1, 8:] = False
+    other = tokens.clone()
+    other[1, 8:] = (other[1, 8:] + 1) % 30
+    torch.testing.assert_close(model(tokens, mask)[mask], model(other, mask)[mask])
+
+
+def test_fourier_layer_placement():
+    assert fourier_layer_indices(6, 3, "bottom") == {0, 1, 2}
+    assert fourier_layer_indices(6, 3, "top") == {3, 4, 5}
+    assert fourier_layer_indices(6, 3, "alternating") == {1, 3, 5}
+    model = xl("fnet_ar_xl", fourier_layers=1, fourier_placement="bottom")
+    kinds = [type(block.mixer).__name__ for block in model.blocks]
+    assert kinds == ["FnetAr", "RelativeAttention", "RelativeAttention", "RelativeAttention"]
+    assert model.num_parameters() < xl("transformer_xl").num_parameters()
+
+
+@pytest.mark.parametrize(
+    "name, options, message",
+    [
+        ("transformer_xl", {"heads": 3}, "divisible"),
+        ("fnet_ar_xl", {"memory_length": 4}, "memory_length"),
+        ("fnet_ar_xl", {"fourier_layers": 5}, "fourier_layers"),
+        ("fnet_ar_xl", {"fourier_placement": "middle"}, "fourier_placement"),
+        ("transformer_xl", {"task": "mlm"}, "task"),
+    ],
+)
+def test_bad_xl_options(name, options, message):
+    with pytest.raises(ValueError, match=message):
+        tokenmix.build_model(name, vocab_size=30, dim=16, depth=4, **options)
+
+
+def test_xl_training_resumes_exactly_with_memory(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(("Now is the winter of our discontent. " * 300).encode())
+
+    def config(out):
+        return TrainConfig(
+            model="transformer_xl", data=str(path), dim=16, depth=2, seq_len=16, batch_size=2, steps=6, warmup=2,
+            eval_every=3, eval_tokens=256, out=str(out), options={"memory_length": 16, "heads": 2},
+        )  # fmt: skip
+
+    straight = Trainer(config(tmp_path / "a"), progress=False)
+    straight.run()
+    interrupted = Trainer(config(tmp_path / "b"), progress=False)
+    for _ in range(3):
+        interrupted.train_step()
+    assert interrupted.segment_state.position == 48  # three segments of one stream
+    interrupted.save()
+    resumed = Trainer(config(tmp_path / "b"), resume=True, progress=False)
+    torch.testing.assert_close(resumed.segment_state.memory, interrupted.segment_state.memory)
+    resumed.run()
+    for name, value in straight.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[name]), name

@@ -1,0 +1,79 @@
+"""What a benchmark measures: a mixer, one residual block (layer) or a whole model.
+
+A case builds its module and inputs; ``run(module, inputs)`` is the forward pass whose eval-mode
+time and training-mode forward+backward time are measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from ..mixers.registry import build_mixer, list_mixers, mixer_class
+from ..models.model import build_model
+from ..models.registry import list_models, model_spec
+
+KINDS = ("mixer", "layer", "model")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+MODEL_VOCAB = 256
+MODEL_DEPTH = 2
+
+
+@dataclass(frozen=True)
+class Case:
+    kind: str
+    name: str
+    causal: bool
+    length: int
+    dim: int
+    batch: int
+    dtype: str = "float32"
+    device: str = "cpu"
+    options: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {list(KINDS)}, got {self.kind!r}")
+        names = list_mixers() if self.kind == "mixer" else list_models()
+        if self.name not in names:
+            raise ValueError(f"{self.kind} name must be one of {names}, got {self.name!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def build(self) -> tuple[torch.nn.Module, torch.Tensor]:
+        """(module on device, inputs); modules get the case's dtype, token inputs stay int64."""
+        device, dtype = torch.device(self.device), DTYPES[self.dtype]
+        torch.manual_seed(0)
+        if self.kind == "model":
+            task = "lm" if self.causal else "mlm"
+            module = build_model(self.name, task=task, vocab_size=MODEL_VOCAB, dim=self.dim, depth=MODEL_DEPTH, **self.options)
+            inputs = torch.randint(0, MODEL_VOCAB, (self.batch, self.length), device=device)
+        else:
+            if self.kind == "mixer":
+                module = build_mixer(self.name, self.dim, self.causal, **self.options)
+            else:
+                spec = model_spec(self.name)  # the top layer of a two-layer stack (fnet_ar_xl: its FNetAR layer)
+                module = spec.layers(self.dim, self.causal, 2, **{**spec.defaults, **self.options})[-1]
+            inputs = torch.randn(self.batch, self.length, self.dim, device=device, dtype=dtype)
+        return module.to(device=device, dtype=dtype), inputs
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        width = MODEL_VOCAB if self.kind == "model" else self.dim
+        return (self.batch, self.length, width)
+
+
+def supports(kind: str, name: str, causal: bool) -> bool:
+    """Whether the case exists (fnet is bidirectional only; XL models and fnet_ar causal only)."""
+    if kind == "mixer":
+        return causal in mixer_class(name).causal_modes
+    return ("lm" if causal else "mlm") in model_spec(name).tasks
+
+
+def batch_for(length: int, batch_tokens: int) -> int:
+    """batch = max(1, batch_tokens // length): the same tokens per step up to the longest lengths."""
+    return max(1, batch_tokens // length)

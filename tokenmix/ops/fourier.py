@@ -1,0 +1,83 @@
+"""Fourier token mixing: FNet and FNetAR (paper 003, §II.3-II.4).
+
+FNet: y = Re(FFT_seq(FFT_hidden(x))), or Re(FFT_seq(x)) for the sequence-only variant.
+
+FNetAR (our reading of Eq. 7, "pad the Fourier matrix with zeros and roll the rows"; the
+equation itself did not survive extraction): with window W, the token at stream position t
+uses frequency i = t mod W and mixes the W inputs ending at t, oldest first, with the real part
+of the W-point DFT row i:
+
+    y_t = sum_{m=0}^{W-1} cos(2 pi i m / W) x_{t-W+1+m},     x_s = 0 before the stream starts.
+
+Position i = 0 of each window-segment is the plain sum of its window. Grouping the stream into
+segments of W positions, segment s is one fixed (W, 2W - 1) matrix (row i holds the DFT row
+shifted right by i: the zero-padded, row-rolled Fourier matrix) applied to the 2W - 1 inputs
+[previous W - 1; segment]. Exactly causal, parameter free, O(n W d).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import torch
+
+from .fft import spectral_dtype
+
+
+def fnet_mixing(x: torch.Tensor, sequence_only: bool = False) -> torch.Tensor:
+    """Re(FFT) over the sequence (dim 1) and, unless ``sequence_only``, the hidden dim (last)."""
+    work = x.to(spectral_dtype(x.dtype))
+    mixed = torch.fft.fft(work, dim=1) if sequence_only else torch.fft.fft2(work, dim=(1, 2))
+    return mixed.real.to(x.dtype)
+
+
+@lru_cache(maxsize=16)
+def _rolled_fourier_matrix(window: int) -> torch.Tensor:
+    """(W, 2W - 1) float64: row i = [0]*i + cos(2 pi i m / W) for m < W + [0]*(W - 1 - i)."""
+    rows = torch.arange(window, dtype=torch.float64)[:, None]
+    columns = torch.arange(2 * window - 1, dtype=torch.float64)[None, :]
+    offset = columns - rows  # m = column - i
+    inside = (offset >= 0) & (offset < window)
+    return torch.where(inside, torch.cos(2 * math.pi * rows * offset / window), torch.zeros(()))
+
+
+def fourier_ar_matrix(window: int, dtype=torch.float32, device=None) -> torch.Tensor:
+    """The fixed (W, 2W - 1) causal Fourier mixing matrix of one window-segment."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    return _rolled_fourier_matrix(window).to(dtype=dtype, device=device)
+
+
+def fourier_ar_mix(x: torch.Tensor, window: int, history: torch.Tensor | None = None, start: int = 0) -> torch.Tensor:
+    """FNetAR mixing of x (batch, n, d) whose first token sits at stream position ``start``.
+
+    ``history`` (batch, h, d) holds the inputs just before x (the newest last); missing ones are
+    zeros (the stream start). Chunking a stream arbitrarily, with the last W - 1 inputs passed on
+    as ``history`` and the running ``start``, gives exactly the whole-stream result.
+    """
+    batch, n, dim = x.shape
+    work = spectral_dtype(x.dtype)
+    phase = start % window  # position of x[0] inside its window-segment
+    past = torch.zeros(batch, window - 1 + phase, dim, dtype=work, device=x.device)
+    if history is not None and history.shape[1]:
+        kept = history[:, -past.shape[1] :].to(work)
+        past[:, past.shape[1] - kept.shape[1] :] = kept
+    segments = -(-(phase + n) // window)
+    stream = torch.cat([past, x.to(work)], dim=1)
+    stream = torch.nn.functional.pad(stream, (0, 0, 0, segments * window + window - 1 - stream.shape[1]))
+    windows = stream.unfold(1, 2 * window - 1, window)  # (batch, segments, dim, 2W - 1)
+    mixed = torch.einsum("bsdk,ik->bsid", windows, fourier_ar_matrix(window, work, x.device))
+    return mixed.reshape(batch, segments * window, dim)[:, phase : phase + n].to(x.dtype)
+
+
+def naive_fourier_ar_mix(x: torch.Tensor, window: int) -> torch.Tensor:
+    """Reference: the defining sum, one output at a time, for a stream starting at x[0] (tests only)."""
+    out = torch.zeros_like(x)
+    for t in range(x.shape[1]):
+        frequency = t % window
+        for m in range(window):
+            source = t - window + 1 + m
+            if source >= 0:
+                out[:, t] += math.cos(2 * math.pi * frequency * m / window) * x[:, source]
+    return out
