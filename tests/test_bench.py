@@ -40,7 +40,7 @@ def check_record(record: dict) -> None:
 
 
 def test_tiny_bench_run_writes_valid_json_plots_and_report(tmp_path, capsys):
-    output, plots, report = tmp_path / "bench.json", tmp_path / "plots", tmp_path / "bench.md"
+    output, plots, report = tmp_path / "new" / "bench.json", tmp_path / "plots", tmp_path / "bench.md"
     sizes = ["--dim", "8", "--model-dim", "8", "--batch-tokens", "64", "--repeats", "1"]
     arguments = ["bench", "--mixers", "tno", "--models", "tnn", "--lengths", "8,32", "--causal", "yes", *sizes]
     assert main([*arguments, "--output", str(output), "--plot", str(plots), "--report", str(report)]) == 0
@@ -51,7 +51,7 @@ def test_tiny_bench_run_writes_valid_json_plots_and_report(tmp_path, capsys):
     assert {r["kind"] for r in records} == {"mixer", "layer", "model"}
     assert sorted(p.name for p in plots.iterdir()) == ["memory.png", "ratios.png", "time_vs_length.png"]
     text = report.read_text()
-    assert "tokenmix bench" in text and "## Reading" in text and "](plots/ratios.png)" in text
+    assert "tokenmix bench" in text and "## Reading" in text and "## The papers" in text and "](plots/ratios.png)" in text
     assert "fwdbwd_ratio_to_fft" in capsys.readouterr().out
 
 
@@ -89,3 +89,21 @@ def test_bad_bench_arguments(arguments, message, capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--lengths", "8", *arguments])
     assert message in capsys.readouterr().err
+
+
+def test_compare_matches_records_and_reports_speedups(tmp_path, capsys):
+    base = {"kind": "mixer", "mixer": "tno", "causal": False, "length": 512, "fwdbwd_ratio_to_fft": 3.0}
+    before = [
+        {**base, "forward_ms": 10.0, "forward_backward_ms": 30.0},
+        {**base, "length": 64, "forward_ms": 1.0, "forward_backward_ms": 3.0},
+    ]
+    after = [{**base, "forward_ms": 5.0, "forward_backward_ms": 20.0, "fwdbwd_ratio_to_fft": 2.0}]
+    (tmp_path / "a.json").write_text(json.dumps(before))
+    (tmp_path / "b.json").write_text(json.dumps(after))
+    assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    out = capsys.readouterr().out
+    assert "forward_speedup" in out and "1.5" in out  # 30 ms -> 20 ms
+    assert out.count("\n") == 3  # header, rule, the one matching row
+    with pytest.raises(SystemExit):
+        main(["compare", str(tmp_path / "a.json"), str(tmp_path / "missing.json")])
+    assert "not a readable bench JSON" in capsys.readouterr().err

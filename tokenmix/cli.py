@@ -167,9 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(subparsers)
     _add_eval(subparsers)
     _add_generate(subparsers)
-    from .bench.cli import add_bench
+    from .bench.cli import add_bench, add_compare
 
     add_bench(subparsers)
+    add_compare(subparsers)
     return parser
 
 

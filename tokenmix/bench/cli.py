@@ -16,7 +16,7 @@ from ..models.registry import list_models
 from ..table import format_table
 from .cases import DTYPES, KINDS, Case, batch_for, supports
 from .measure import measure
-from .report import TABLE_COLUMNS, markdown_report, write_plots
+from .report import TABLE_COLUMNS, comparison_rows, markdown_report, write_plots
 from .worker import run_in_subprocess
 
 QUICK = {"lengths": [256, 1024], "dim": 384, "model_dim": 128, "repeats": 3}
@@ -81,10 +81,35 @@ def run_bench(args) -> int:
     machine = f"{platform.machine()}, {args.threads} threads, torch {torch.__version__}, {args.device}, {args.dtype}"
     print(f"# {machine}; batch*length {args.batch_tokens}, median of {args.repeats}")
     print(format_table(records, TABLE_COLUMNS))
+    for path in (args.output, args.report):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
     if args.output:
         Path(args.output).write_text(json.dumps(records, indent=2) + "\n")
     plots = write_plots(records, args.plot) if args.plot else []
     if args.report:
         command = "tokenmix " + " ".join(shlex.quote(argument) for argument in args.argv)
         Path(args.report).write_text(markdown_report(records, command, machine, plots, args.report))
+    return 0
+
+
+def add_compare(subparsers) -> None:
+    parser = subparsers.add_parser("compare", help="compare two `tokenmix bench --output` JSON files (before, after)")
+    parser.add_argument("before", help="JSON of the earlier measurement")
+    parser.add_argument("after", help="JSON of the later measurement")
+    parser.set_defaults(handler=run_compare)
+
+
+def _read_records(path: str) -> list[dict]:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path!r} is not a readable bench JSON file: {error}") from None
+
+
+def run_compare(args) -> int:
+    rows = comparison_rows(_read_records(args.before), _read_records(args.after))
+    if not rows:
+        raise ValueError("the two files share no (kind, mixer, causal, length) measurement")
+    print(format_table(rows, list(rows[0])))
     return 0

@@ -23,6 +23,16 @@ TABLE_COLUMNS = [
 ]
 # Foundation issue targets for FFT-based mixers, as multiples of a bare rfft + irfft round trip.
 EVAL_TARGET, TRAIN_TARGET = 1.3, 3.5
+# The papers' speed claims (shared/references.md) and where the report tests them.
+CLAIMS = [
+    "TNN (paper 002): O(n log n) token mixing. See the growth of training time per token with length below "
+    "(1.0x would be linear; log-linear gives a slow rise) and the TNO rows against the FFT round trip.",
+    "FNetAR (paper 003): expected to be faster than Transformer-XL, which it replaces half the attention layers of. "
+    "See the fnet_ar_xl against transformer_xl layer and model lines below.",
+    "FD-TNN and SKI-TNN (paper 000: FD 5-15% faster causal, 35-80% faster bidirectional; SKI 25-30% faster with "
+    "17-42% less memory) and TCN against EMA (paper 004): measured here once those mixers are registered "
+    "(`tokenmix bench` covers every registered mixer and model by default).",
+]
 
 
 def _series(records: list[dict]) -> dict[tuple, list[dict]]:
@@ -171,6 +181,36 @@ def markdown_report(records: list[dict], command: str, machine: str, plot_paths:
             parts += [f"## {kind.capitalize()}s (dim {', '.join(map(str, dims))})", "", format_table(rows, columns), ""]
     parts += ["## Plots", ""]
     parts += [f"![{path.stem}]({Path(path).resolve().relative_to(report_dir)})" for path in plot_paths]
-    parts += ["", "## Reading", ""]
+    parts += ["", "## The papers' claims", ""]
+    parts += [f"- {claim}" for claim in CLAIMS]
+    parts += ["", "## Reading (computed from the tables above)", ""]
     parts += [f"- {line}" for line in reading(records)]
     return "\n".join(parts) + "\n"
+
+
+def comparison_rows(before: list[dict], after: list[dict]) -> list[dict]:
+    """Records measured in both runs, matched by (kind, mixer, causal, length), with speed-ups."""
+    key = lambda record: (record.get("kind", "mixer"), record["mixer"], record["causal"], record["length"])  # noqa: E731
+    earlier = {key(record): record for record in before}
+    rows = []
+    for record in after:
+        old = earlier.get(key(record))
+        if old is None:
+            continue
+        rows.append(
+            {
+                "kind": key(record)[0],
+                "mixer": record["mixer"],
+                "causal": record["causal"],
+                "length": record["length"],
+                "forward_ms_before": old["forward_ms"],
+                "forward_ms_after": record["forward_ms"],
+                "forward_speedup": old["forward_ms"] / record["forward_ms"],
+                "forward_backward_ms_before": old["forward_backward_ms"],
+                "forward_backward_ms_after": record["forward_backward_ms"],
+                "forward_backward_speedup": old["forward_backward_ms"] / record["forward_backward_ms"],
+                "fwdbwd_ratio_to_fft_before": old.get("fwdbwd_ratio_to_fft"),
+                "fwdbwd_ratio_to_fft_after": record.get("fwdbwd_ratio_to_fft"),
+            }
+        )
+    return rows

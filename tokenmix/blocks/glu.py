@@ -8,6 +8,7 @@ from torch import nn
 from ..mixers.base import zero_padding
 from ..mixers.registry import build_mixer
 from ..ops.activations import get_activation
+from ..validation import check_int
 
 
 class Glu(nn.Module):
@@ -43,8 +44,7 @@ class Gtu(nn.Module):
         **mixer_options,
     ):
         super().__init__()
-        if isinstance(expand, bool) or not isinstance(expand, int) or expand < 1:
-            raise ValueError(f"expand must be a positive integer, got {expand!r}")
+        check_int(expand, "expand")
         width = expand * dim
         self.act = get_activation(gtu_activation, "gtu_activation")
         self.gate = nn.Linear(dim, width)

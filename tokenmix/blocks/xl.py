@@ -8,8 +8,9 @@ positions (Dai et al. §3.3): for query i (stream offset M + i) and key j,
 
 masked to j <= M + i (causal). The relative term is computed for every distance and gathered
 into place (instead of the "rel-shift" reshaping trick). The FNetAR variant replaces attention by
-the parameter-free causal Fourier mixing of ``ops/fourier.py`` with the memory as its history.
-Pre-norm residuals: x + Mixer(norm(x)), then x + FFN(norm(x)).
+the parameter-free causal Fourier mixing of ``ops/fourier.py`` with the memory as its history,
+followed by a LayerNorm (FNet's post-Fourier norm). Pre-norm residuals: x + Mixer(norm(x)),
+then x + FFN(norm(x)).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 
 from ..mixers.fnet import FnetAr
-from ..mixers.rpe import check_positive_int
+from ..validation import check_int
 
 XL_MIXERS = ("attention", "fnet_ar")
 
@@ -40,7 +41,7 @@ class RelativeAttention(nn.Module):
 
     def __init__(self, dim: int, heads: int = 4, dropout: float = 0.0):
         super().__init__()
-        check_positive_int(heads, "heads")
+        check_int(heads, "heads")
         if dim % heads:
             raise ValueError(f"dim={dim} must be divisible by heads={heads}")
         self.heads, self.head_dim = heads, dim // heads
@@ -90,9 +91,8 @@ class XlBlock(nn.Module):
             raise ValueError("Transformer-XL blocks are causal: use them with task='lm'")
         if mixer not in XL_MIXERS:
             raise ValueError(f"mixer must be one of {list(XL_MIXERS)}, got {mixer!r}")
-        check_positive_int(ffn_expand, "ffn_expand")
-        if isinstance(memory_length, bool) or not isinstance(memory_length, int) or memory_length < 0:
-            raise ValueError(f"memory_length must be an integer >= 0, got {memory_length!r}")
+        check_int(ffn_expand, "ffn_expand")
+        check_int(memory_length, "memory_length", minimum=0)
         self.memory_length = memory_length
         self.mixer_norm = nn.LayerNorm(dim)
         if mixer == "attention":
@@ -101,6 +101,9 @@ class XlBlock(nn.Module):
             self.mixer = FnetAr(dim, True, window=window)
             if memory_length < window - 1:
                 raise ValueError(f"memory_length={memory_length} must be >= window - 1 = {window - 1} for fnet_ar layers")
+            # FNet normalizes after its Fourier sublayer (post-norm). Here the unnormalized DFT sums
+            # (row 0 adds up W inputs) would swamp the pre-norm residual stream, so the output is normalized.
+            self.mixed_norm = nn.LayerNorm(dim)
         self.ffn_norm = nn.LayerNorm(dim)
         self.ffn = nn.Sequential(nn.Linear(dim, ffn_expand * dim), nn.GELU(), nn.Dropout(dropout), nn.Linear(ffn_expand * dim, dim))
         self.dropout = nn.Dropout(dropout)
@@ -110,7 +113,7 @@ class XlBlock(nn.Module):
         h = self.mixer_norm(x)
         history = None if memory is None or memory.shape[1] == 0 else self.mixer_norm(memory)
         if isinstance(self.mixer, FnetAr):
-            mixed = self.mixer.mix_stream(h, mask, history, start)
+            mixed = self.mixed_norm(self.mixer.mix_stream(h, mask, history, start))
         else:
             context = h if history is None else torch.cat([history, h], dim=1)
             key_mask = None
@@ -134,8 +137,7 @@ def fourier_layer_indices(depth: int, count: int, placement: str) -> set[int]:
     """Which of ``depth`` layers use fnet_ar: ``count`` of them, at the bottom, top or alternating."""
     if placement not in FOURIER_PLACEMENTS:
         raise ValueError(f"fourier_placement must be one of {list(FOURIER_PLACEMENTS)}, got {placement!r}")
-    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= depth:
-        raise ValueError(f"fourier_layers must be an integer in [0, depth={depth}], got {count!r}")
+    check_int(count, f"fourier_layers (depth={depth})", minimum=0, maximum=depth)
     if placement == "bottom":
         return set(range(count))
     if placement == "top":

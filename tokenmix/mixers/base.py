@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..validation import check_int
+
 
 def check_sequence(x: torch.Tensor, dim: int, mask: torch.Tensor | None) -> None:
     """ValueError unless x is (batch, length >= 1, dim) floating point and mask is bool (batch, length)."""
@@ -37,8 +39,7 @@ class Mixer(nn.Module):
 
     def __init__(self, dim: int, causal: bool):
         super().__init__()
-        if not isinstance(dim, int) or dim < 1:
-            raise ValueError(f"dim must be a positive integer, got {dim!r}")
+        check_int(dim, "dim")
         self.dim = dim
         self.causal = bool(causal)
 

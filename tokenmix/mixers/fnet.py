@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..ops.fourier import fnet_mixing, fourier_ar_mix
+from ..validation import check_int
 from .base import Mixer, check_sequence, zero_padding
 from .registry import register_mixer
 
@@ -42,8 +43,7 @@ class FnetAr(Mixer):
     def __init__(self, dim: int, causal: bool = True, *, window: int = 512):
         if not causal:
             raise ValueError("fnet_ar is causal by construction: build it with causal=True")
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"window must be a positive integer, got {window!r}")
+        check_int(window, "window")
         super().__init__(dim, causal)
         self.window = window
 

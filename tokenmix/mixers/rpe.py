@@ -11,12 +11,7 @@ import torch
 from torch import nn
 
 from ..ops.activations import get_activation
-
-
-def check_positive_int(value, argument: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{argument} must be a positive integer, got {value!r}")
-    return value
+from ..validation import check_int
 
 
 def rms_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -29,9 +24,8 @@ class RelativePositionEncoder(nn.Module):
 
     def __init__(self, out_features: int, rpe_dim: int = 64, rpe_layers: int = 3, activation: str = "relu"):
         super().__init__()
-        check_positive_int(rpe_dim, "rpe_dim")
-        if isinstance(rpe_layers, bool) or not isinstance(rpe_layers, int) or rpe_layers < 0:
-            raise ValueError(f"rpe_layers must be an integer >= 0, got {rpe_layers!r}")
+        check_int(rpe_dim, "rpe_dim")
+        check_int(rpe_layers, "rpe_layers", minimum=0)
         self.act = get_activation(activation)
         self.input = nn.Linear(1, rpe_dim)
         self.hidden_layers = nn.ModuleList(nn.Linear(rpe_dim, rpe_dim) for _ in range(rpe_layers))

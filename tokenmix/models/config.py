@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from ..validation import check_int
+
 TASKS = ("lm", "mlm", "classify")
 
 
@@ -24,12 +26,9 @@ class ModelConfig:
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {list(TASKS)}, got {self.task!r}")
         for argument in ("vocab_size", "dim", "depth"):
-            value = getattr(self, argument)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{argument} must be a positive integer, got {value!r}")
+            check_int(getattr(self, argument), argument)
         if self.task == "classify":
-            if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 2:
-                raise ValueError(f"num_classes must be an integer >= 2 for task='classify', got {self.num_classes!r}")
+            check_int(self.num_classes, "num_classes (task='classify')", minimum=2)
         elif self.num_classes is not None:
             raise ValueError(f"num_classes is only used with task='classify', got {self.num_classes!r}")
 
