@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..ops.activations import get_activation
+from ..ops.interpolation import grid_weights, interpolation_matrix
 from ..validation import check_int
 
 
@@ -40,3 +41,35 @@ class RelativePositionEncoder(nn.Module):
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         return self.output(self.features(positions))
+
+
+class PiecewiseLinearEncoder(nn.Module):
+    """A learned piecewise-linear function [-1, 1] -> R^out with f(0) = 0 (paper 000, §3.2.2).
+
+    Values sit at 2 * knots + 1 uniformly spaced knots (the middle one, at 0, fixed to zero) and
+    are linearly interpolated in between: f(x) = B(x) @ V with B the (P, 2 * knots + 1) hat basis.
+    Proposition 1 of paper 000: a ReLU MLP of a scalar is such a function anyway.
+    """
+
+    def __init__(self, out_features: int, knots: int = 32):
+        super().__init__()
+        check_int(knots, "knots")
+        self.knots = knots
+        self.negative = nn.Parameter(torch.empty(knots, out_features))
+        self.positive = nn.Parameter(torch.empty(knots, out_features))
+        bound = knots**-0.5
+        nn.init.uniform_(self.negative, -bound, bound)
+        nn.init.uniform_(self.positive, -bound, bound)
+
+    def values(self) -> torch.Tensor:
+        """(2 * knots + 1, out) values at the knots -1 ... 1, zero in the middle."""
+        return torch.cat([self.negative, self.negative.new_zeros(1, self.negative.shape[1]), self.positive])
+
+    def basis(self, points: torch.Tensor) -> torch.Tensor:
+        """(P, 2 * knots + 1) hat functions at points in [-1, 1]."""
+        coordinates = ((points.to(torch.float64).clamp(-1, 1) + 1) * self.knots).clamp(0, 2 * self.knots)
+        index, weight = grid_weights(coordinates, 2 * self.knots + 1, degree=1)
+        return interpolation_matrix(index, weight.to(self.positive.dtype), 2 * self.knots + 1)
+
+    def forward(self, points: torch.Tensor) -> torch.Tensor:
+        return self.basis(points) @ self.values()

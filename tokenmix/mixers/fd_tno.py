@@ -1,0 +1,88 @@
+"""FD-TNO: a Toeplitz operator learned in the frequency domain (SKI-TNN paper 000, §3.3, Alg. 2).
+
+The RPE MLP (TNN's structure: ``rpe_dim``, ``rpe_layers``, ``activation``) takes the frequency
+w_m = 2 pi m / N, m = 0 ... N/2, of the FFT size N >= 2n, so a longer sequence evaluates it on a
+finer grid of the same [0, pi]. No decay bias: the smoothness of the response sets how fast the
+kernel decays in time (GeLU faster than any exponential, SiLU than any polynomial; §4.2).
+- causal: the RPE gives a real response R; G = R - i H{R} by the discrete Hilbert transform
+  (ops/hilbert.py), whose impulse response is exactly causal and Re(G) = R;
+- bidirectional: the RPE gives Re and Im of G (2 values per channel), Im forced to 0 at w = 0
+  and w = pi; no kernel FFT at all.
+y = irfft(G * rfft(x, N), N)[:n]. Both responses are linear in the RPE's output layer, so, as in
+TNO, the spectrum is a (few-column) basis times the output weights: a single matmul.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..ops.fft import fast_fft_size, spectral_dtype
+from ..ops.hilbert import causal_impulse_response, causal_spectrum
+from ..ops.toeplitz import spectral_matvec
+from .base import Mixer
+from .registry import register_mixer
+from .rpe import RelativePositionEncoder
+from .tno import SpectrumCache, complex_readout
+
+
+def rfft_frequencies(fft_size: int, device=None) -> torch.Tensor:
+    """w_m = 2 pi m / N for m = 0 ... N/2."""
+    return torch.arange(fft_size // 2 + 1, device=device, dtype=torch.float32) * (2 * math.pi / fft_size)
+
+
+@register_mixer("fd_tno")
+class FdTno(Mixer):
+    """Frequency-domain Toeplitz neural operator (name ``fd_tno``)."""
+
+    fft_based = True
+
+    def __init__(self, dim: int, causal: bool = False, *, rpe_dim: int = 64, rpe_layers: int = 3, activation: str = "gelu"):
+        super().__init__(dim, causal)
+        self.rpe = RelativePositionEncoder(dim if causal else 2 * dim, rpe_dim, rpe_layers, activation)
+        self._cache = SpectrumCache()
+
+    def _basis(self, fft_size: int) -> torch.Tensor:
+        """[features, 1] of the RPE at the rfft frequencies, (e + 1, N/2 + 1): the response is readout^T @ basis."""
+        omega = rfft_frequencies(fft_size, self.rpe.output.weight.device)
+        features = self.rpe.features(omega)
+        basis = torch.cat([features, features.new_ones(features.shape[0], 1)], dim=1).t()
+        return basis.to(spectral_dtype(basis.dtype))
+
+    def _readout(self) -> torch.Tensor:
+        return torch.cat([self.rpe.output.weight.t(), self.rpe.output.bias[None]], dim=0)
+
+    def response(self, fft_size: int) -> torch.Tensor:
+        """G at the rfft frequencies, (dim, N/2 + 1) complex, computed plainly (tests and plots)."""
+        omega = rfft_frequencies(fft_size, self.rpe.output.weight.device)
+        values = self.rpe(omega).t()
+        if self.causal:
+            return causal_spectrum(values, fft_size)
+        real, imaginary = values[: self.dim], values[self.dim :].clone()
+        imaginary[:, 0] = imaginary[:, -1] = 0.0
+        return torch.complex(real, imaginary)
+
+    def spectrum(self, fft_size: int) -> torch.Tensor:
+        """The same G via the factored form (what ``mix`` uses)."""
+        basis, readout = self._basis(fft_size), self._readout()
+        if self.causal:
+            return complex_readout(causal_spectrum(basis, fft_size), readout)
+        nyquist_free = torch.ones_like(basis[0])
+        nyquist_free[0] = nyquist_free[-1] = 0.0
+        parts = readout.t().to(basis.dtype) @ basis  # (2 dim, F): real rows, then imaginary rows
+        return torch.complex(parts[: self.dim], parts[self.dim :] * nyquist_free)
+
+    def kernel(self, n: int) -> torch.Tensor:
+        """Taps by lag of the Toeplitz operator at length n: (n, dim) causal, (2n - 1, dim) bidirectional."""
+        fft_size = fast_fft_size(2 * n)
+        if self.causal:
+            response = self.rpe(rfft_frequencies(fft_size, self.rpe.output.weight.device)).t()
+            return causal_impulse_response(response, fft_size)[:, :n].t()
+        taps = torch.fft.irfft(self.response(fft_size), n=fft_size, dim=-1)
+        return torch.cat([taps[:, fft_size - (n - 1) :], taps[:, :n]], dim=1).t()
+
+    def mix(self, x: torch.Tensor) -> torch.Tensor:
+        fft_size = fast_fft_size(2 * x.shape[1])
+        spectrum = self._cache.get(self, fft_size, lambda: self.spectrum(fft_size))
+        return spectral_matvec(x, spectrum, fft_size)

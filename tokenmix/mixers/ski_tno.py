@@ -1,0 +1,160 @@
+"""SKI-TNO: sparse plus low-rank Toeplitz operator (SKI-TNN paper 000, §3.2, Algorithm 1).
+
+Per channel y = T_sparse x + W A W^T x:
+- T_sparse: a band of ``filter_size`` diagonals (made odd, centred on lag 0), a depthwise conv;
+- W A W^T: ``rank`` inducing points on [0, n - 1], W their interpolation weights (``interpolation``
+  linear or cubic), A_ij = k(p_i - p_j) with k(t) = RPE(x(t)), x(t) = sign(t) decay^|t| the inverse
+  time warp and RPE a learned piecewise-linear function on [-1, 1] with RPE(0) = 0 (``knots`` per
+  side). Every lag maps into [-1, 1], so one module serves any length.
+W A W^T x runs densely (matmuls, the paper's practical choice) or sparsely (gather/scatter,
+O(n + r^2) per channel); ``path="auto"`` picks by length, from the measurements in docs/ski_fd.md.
+
+``causal=True`` has no low-rank shortcut (paper 000, Appendix B): the kernel
+t_k = RPE(x(k)) + f_k at every lag k = 0 ... n - 1 (f the band's taps at lags 0 ... m - 1) is
+applied as a causal Toeplitz product by FFT, O(n log n). It is linear in the knot values and taps,
+so its spectrum is a fixed basis spectrum (cached per length) times the parameters: one matmul.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..ops.band import band_matvec, naive_band_matrix
+from ..ops.fft import fast_fft_size
+from ..ops.interpolation import check_interpolation
+from ..ops.ski import (
+    dense_interpolation,
+    inducing_lags,
+    inverse_time_warp,
+    naive_ski_matrix,
+    ski_dense_matvec,
+    ski_sparse_matvec,
+    ski_weights,
+    toeplitz_blocks,
+)
+from ..ops.toeplitz import naive_toeplitz_matrix, spectral_matvec, toeplitz_spectrum
+from ..validation import check_int
+from .base import Mixer
+from .registry import register_mixer
+from .rpe import PiecewiseLinearEncoder
+from .tno import SpectrumCache, complex_readout, relative_lags
+
+PATHS = ("auto", "dense", "sparse")
+SPARSE_FROM_LENGTH = 4096  # path="auto": sparse at n >= this (docs/ski_fd.md, `tokenmix bench` rows)
+
+
+class _LengthCache:
+    """Parameter-free tensors per (length, device): interpolation weights, basis spectra."""
+
+    def __init__(self, build):
+        self.build = build
+        self.entries: dict = {}
+
+    def __call__(self, n: int, device):
+        key = (n, str(device))
+        if key not in self.entries:
+            if len(self.entries) >= 8:
+                self.entries.clear()
+            self.entries[key] = self.build(n, device)
+        return self.entries[key]
+
+
+@register_mixer("ski_tno")
+class SkiTno(Mixer):
+    """Sparse + low-rank Toeplitz neural operator (name ``ski_tno``)."""
+
+    def __init__(
+        self,
+        dim: int,
+        causal: bool = False,
+        *,
+        filter_size: int = 32,
+        rank: int = 64,
+        decay: float = 0.99,
+        knots: int = 32,
+        interpolation: str = "linear",
+        path: str = "auto",
+    ):
+        super().__init__(dim, causal)
+        check_int(filter_size, "filter_size")
+        self.rank = check_int(rank, "rank", minimum=2)
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < decay < 1.0:
+            raise ValueError(f"decay must be a number in (0, 1) (the inverse time warp's base), got {decay!r}")
+        if path not in PATHS:
+            raise ValueError(f"path must be one of {list(PATHS)}, got {path!r}")
+        self.decay, self.path = float(decay), path
+        self.degree = check_interpolation(interpolation)
+        self.interpolation = interpolation
+        self.filter_size = filter_size | 1  # odd, so a centred band covers lags -(m-1)/2 ... (m-1)/2
+        self.min_lag = 0 if causal else -(self.filter_size // 2)
+        self.rpe = PiecewiseLinearEncoder(dim, knots)
+        self.taps = nn.Parameter(torch.empty(dim, self.filter_size).uniform_(-1, 1).mul_(self.filter_size**-0.5))
+        self._weights = _LengthCache(lambda n, device: ski_weights(n, rank, self.degree, device))
+        self._dense = _LengthCache(lambda n, device: dense_interpolation(n, rank, self.degree, device))
+        self._basis_spectra = _LengthCache(self._causal_basis_spectrum)
+        self._cache = SpectrumCache()
+
+    def extra_repr(self) -> str:
+        return (
+            f"{super().extra_repr()}, filter_size={self.filter_size}, rank={self.rank}, decay={self.decay}, "
+            f"interpolation={self.interpolation}, path={self.path}"
+        )
+
+    def uses_sparse_path(self, n: int) -> bool:
+        return self.path == "sparse" or (self.path == "auto" and n >= SPARSE_FROM_LENGTH)
+
+    def smooth_kernel(self, lags: torch.Tensor) -> torch.Tensor:
+        """k(t) = RPE(x(t)) at the given (float) lags, (P, dim)."""
+        return self.rpe(inverse_time_warp(lags.to(torch.float64), self.decay))
+
+    def inducing_kernel(self, n: int) -> torch.Tensor:
+        """A_ij = k(p_i - p_j) by lag i - j = -(r - 1) ... r - 1, (2r - 1, dim)."""
+        return self.smooth_kernel(inducing_lags(n, self.rank, self.taps.device))
+
+    # -- causal: kernel at every lag, by FFT -------------------------------------------------------
+    def _causal_basis(self, n: int, device) -> torch.Tensor:
+        """(n, 2 knots + 1 + m): hat functions at x(k) and one-hot lag columns for the taps."""
+        lags = relative_lags(n, causal=True, device=device)
+        hats = self.rpe.basis(inverse_time_warp(lags.to(torch.float64), self.decay))
+        one_hot = torch.eye(n, self.filter_size, device=device)
+        return torch.cat([hats, one_hot], dim=1)
+
+    def _causal_basis_spectrum(self, n: int, device) -> torch.Tensor:
+        return toeplitz_spectrum(self._causal_basis(n, device), n, causal=True, fft_size=fast_fft_size(2 * n))
+
+    def _causal_values(self) -> torch.Tensor:
+        return torch.cat([self.rpe.values(), self.taps.t()], dim=0)
+
+    def kernel(self, n: int) -> torch.Tensor:
+        """Causal kernel t_k, k = 0 ... n - 1, (n, dim)."""
+        if not self.causal:
+            raise ValueError("kernel(n) is the causal kernel; a bidirectional ski_tno is W A W^T + band (see matrix)")
+        return self._causal_basis(n, self.taps.device) @ self._causal_values()
+
+    # -- explicit matrices (tests and plots) ---------------------------------------------------------
+    def sparse_matrix(self, n: int) -> torch.Tensor:
+        """The band part, (dim, n, n)."""
+        return naive_band_matrix(self.taps, n, self.min_lag)
+
+    def low_rank_matrix(self, n: int) -> torch.Tensor:
+        """W A W^T (bidirectional) or the causal smooth Toeplitz part, (dim, n, n)."""
+        if self.causal:
+            return naive_toeplitz_matrix(self.smooth_kernel(relative_lags(n, True, self.taps.device)), n, causal=True)
+        return naive_ski_matrix(self._dense(n, self.taps.device), toeplitz_blocks(self.inducing_kernel(n)))
+
+    def matrix(self, n: int) -> torch.Tensor:
+        return self.sparse_matrix(n) + self.low_rank_matrix(n)
+
+    def mix(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        if self.causal:
+            basis_spectrum = self._basis_spectra(n, x.device)
+            spectrum = self._cache.get(self, n, lambda: complex_readout(basis_spectrum, self._causal_values()))
+            return spectral_matvec(x, spectrum, fast_fft_size(2 * n))
+        kernel = self.inducing_kernel(n)
+        if self.uses_sparse_path(n):
+            low_rank = ski_sparse_matvec(x, *self._weights(n, x.device), kernel)
+        else:
+            low_rank = ski_dense_matvec(x, self._dense(n, x.device), kernel)
+        return low_rank.add_(band_matvec(x, self.taps, self.min_lag))  # low_rank is a fresh matmul output

@@ -1,0 +1,123 @@
+"""Structured kernel interpolation of a Toeplitz matrix (SKI-TNN paper 000, §3.2, Algorithm 1).
+
+T_low = W A W^T per channel: r inducing points p_j = j h evenly spaced on [0, n - 1]
+(h = (n - 1)/(r - 1); r = min(rank, n), so short sequences get W = I and the exact Toeplitz
+matrix), W (n x r) the interpolation weights of position i between its neighbouring inducing points
+(linear: 2 non-zeros per row, cubic: 4), and A_ij = k(p_i - p_j) a small r x r Toeplitz matrix.
+
+Two ways to apply W A W^T to x (batch, n, d), equal to float round-off:
+- dense: W materialised, two (r x n) x (n x d) matmuls per batch item, O(n r d);
+- sparse: W^T as a scatter-add and W as a gather with the s indices per row, O(n s d).
+A is applied as a Toeplitz product by FFT (size >= 2r), O(r log r) per channel, in both.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .interpolation import grid_weights, interpolation_matrix
+from .toeplitz import toeplitz_matvec
+
+
+def inverse_time_warp(lags: torch.Tensor, decay: float) -> torch.Tensor:
+    """x(t) = sign(t) * decay^|t| (paper 000, §3.2.2): every lag lands in [-1, 1], far lags near 0."""
+    return torch.sign(lags) * torch.exp(lags.abs() * torch.log(torch.tensor(decay, dtype=lags.dtype)))
+
+
+def inducing_spacing(n: int, rank: int) -> tuple[int, float]:
+    """(r, h): the number of inducing points min(rank, n) and their spacing on [0, n - 1]."""
+    count = min(rank, n)
+    return count, (n - 1) / (count - 1) if count > 1 else 1.0
+
+
+def ski_weights(n: int, rank: int, degree: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse rows of W: ``index`` (n, s) and ``weight`` (n, s) for positions 0..n-1."""
+    count, spacing = inducing_spacing(n, rank)
+    coordinates = torch.arange(n, device=device, dtype=torch.float64) / spacing
+    index, weight = grid_weights(coordinates, count, degree)
+    return index, weight
+
+
+def inducing_lags(n: int, rank: int, device=None) -> torch.Tensor:
+    """p_i - p_j for i - j = -(r - 1) ... r - 1: the lags A needs, (2r - 1,)."""
+    count, spacing = inducing_spacing(n, rank)
+    return torch.arange(-(count - 1), count, device=device, dtype=torch.float32) * spacing
+
+
+def toeplitz_blocks(kernel: torch.Tensor) -> torch.Tensor:  # explicit A, for references and plots
+    """(2r - 1, d) values by lag -> (d, r, r) matrices A_ij = k(i - j)."""
+    count = (kernel.shape[0] + 1) // 2
+    lags = torch.arange(count, device=kernel.device)
+    return kernel[lags[:, None] - lags[None, :] + count - 1].permute(2, 0, 1)
+
+
+def _apply_small(kernel: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """A z per channel, A_ij = k(i - j) given by lag (2r - 1, d): a small Toeplitz product by FFT."""
+    return toeplitz_matvec(z, kernel.to(z.dtype), causal=False)
+
+
+def ski_dense_matvec(x: torch.Tensor, interpolation: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    """W A W^T x with W given densely, (n, r); A by its lags, (2r - 1, d)."""
+    w = interpolation.to(x.dtype)
+    return w @ _apply_small(kernel, w.t() @ x)
+
+
+class _Restrict(torch.autograd.Function):
+    """z = W^T x by scatter-add: z[:, index[i, a]] += weight[i, a] x[:, i]. Its adjoint is _Prolong."""
+
+    @staticmethod
+    def forward(ctx, x, index, weight, count):
+        ctx.save_for_backward(index, weight)
+        return _scatter(x, index, weight, count)
+
+    @staticmethod
+    def backward(ctx, grad_z):
+        index, weight = ctx.saved_tensors
+        return _gather(grad_z, index, weight), None, None, None
+
+
+class _Prolong(torch.autograd.Function):
+    """y = W z by gather: y[:, i] = sum_a weight[i, a] z[:, index[i, a]]. Its adjoint is _Restrict."""
+
+    @staticmethod
+    def forward(ctx, z, index, weight):
+        ctx.save_for_backward(index, weight)
+        ctx.count = z.shape[1]
+        return _gather(z, index, weight)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        index, weight = ctx.saved_tensors
+        return _scatter(grad_y, index, weight, ctx.count), None, None
+
+
+def _scatter(x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor, count: int) -> torch.Tensor:
+    z = x.new_zeros(x.shape[0], count, x.shape[2])
+    for a in range(index.shape[1]):
+        z.index_add_(1, index[:, a], x * weight[:, a, None].to(x.dtype))
+    return z
+
+
+def _gather(z: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    y = z.index_select(1, index[:, 0]).mul_(weight[:, 0, None].to(z.dtype))
+    for a in range(1, index.shape[1]):
+        y.addcmul_(z.index_select(1, index[:, a]), weight[:, a, None].to(z.dtype))
+    return y
+
+
+def ski_sparse_matvec(x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    """W A W^T x with W given by its sparse rows (index, weight), each (n, s); A by its lags, (2r - 1, d)."""
+    z = _Restrict.apply(x, index, weight, (kernel.shape[0] + 1) // 2)
+    return _Prolong.apply(_apply_small(kernel, z), index, weight)
+
+
+def naive_ski_matrix(interpolation: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """Explicit (d, n, n) W A W^T (tests and plots)."""
+    w = interpolation.to(blocks.dtype)
+    return w @ blocks @ w.t()
+
+
+def dense_interpolation(n: int, rank: int, degree: int, device=None) -> torch.Tensor:
+    """W as a dense (n, r) matrix."""
+    index, weight = ski_weights(n, rank, degree, device)
+    return interpolation_matrix(index, weight, inducing_spacing(n, rank)[0])
