@@ -1,5 +1,6 @@
 """SKI-TNO and FD-TNO mixers and the ski_tnn / fd_tnn models (paper 000)."""
 
+import numpy
 import pytest
 import torch
 from conftest import LENGTHS, assert_causal_gradient, relative_error
@@ -38,7 +39,9 @@ def test_ski_low_rank_part_is_w_a_wt_built_from_scratch():
     warped = torch.sign(lags) * decay ** lags.abs()
     knots = torch.linspace(-1, 1, 9, dtype=torch.float64)
     values = mixer.rpe.values()
-    a = torch.stack([torch.from_numpy(__import__("numpy").interp(warped.numpy(), knots.numpy(), values[:, c].detach().numpy())) for c in range(3)])
+    values = values.detach().numpy()
+    columns = [numpy.interp(warped.numpy(), knots.numpy(), values[:, c]) for c in range(3)]
+    a = torch.from_numpy(numpy.stack(columns))
     w = (1 - (torch.arange(n, dtype=torch.float64)[:, None] / spacing - torch.arange(count)[None, :]).abs()).clamp_min(0)
     torch.testing.assert_close(mixer.low_rank_matrix(n), w @ a @ w.t())
     assert float(mixer.rpe(torch.zeros(1, dtype=torch.float64)).detach().abs().max()) == 0.0  # RPE(0) = 0
@@ -178,3 +181,12 @@ def test_causal_models_do_not_see_the_future(name):
     model.embedding.forward = lambda _tokens: embedded  # differentiate w.r.t. the embedded inputs
     (grad,) = torch.autograd.grad(model(tokens)[:, 20].sum(), embedded)
     assert_causal_gradient(grad, 20)
+
+
+def test_retaining_freed_memory_can_be_turned_off(monkeypatch):
+    from tokenmix.runtime import ENVIRONMENT_VARIABLE, retain_freed_memory
+
+    monkeypatch.setenv(ENVIRONMENT_VARIABLE, "0")
+    assert retain_freed_memory() is False
+    monkeypatch.delenv(ENVIRONMENT_VARIABLE)
+    assert isinstance(retain_freed_memory(), bool)

@@ -8,7 +8,7 @@ from conftest import LENGTHS, relative_error
 
 from tokenmix.ops.band import band_matvec, naive_band_matvec
 from tokenmix.ops.hilbert import causal_impulse_response, causal_spectrum, naive_causal_spectrum
-from tokenmix.ops.interpolation import grid_weights, interpolation_matrix
+from tokenmix.ops.interpolation import grid_weights
 from tokenmix.ops.ski import (
     dense_interpolation,
     inducing_spacing,
@@ -123,10 +123,7 @@ def _theorem_1_terms(n: int, rank: int, width: float):
     sigma = torch.linalg.svdvals
     factor = spacing**2 / 8  # |psi_N| / (N + 1)! for linear interpolation
     bound = (
-        math.sqrt(n * count)
-        * factor
-        * second_derivative_bound
-        * (2 * math.sqrt(n) + min(sigma(f)[0], sigma(b)[0]) / sigma(a)[-1])
+        math.sqrt(n * count) * factor * second_derivative_bound * (2 * math.sqrt(n) + min(sigma(f)[0], sigma(b)[0]) / sigma(a)[-1])
         + error_nystrom
     )
     return float(error_ski), float(bound)

@@ -1,4 +1,4 @@
-"""``tokenmix`` command line: train, eval, generate, bench."""
+"""``tokenmix`` command line: train, eval, generate, plot, bench."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from dataclasses import fields
 
 import torch
 
-from .cli_args import parse_lengths
+from .cli_args import parse_lengths, parse_option
 from .data.corpus import BYTE_VOCAB, load_corpus
+from .runtime import retain_freed_memory
 from .table import format_table
 from .train.checkpoint import model_from_checkpoint
 from .train.evaluate import evaluate_lm, evaluate_mlm
@@ -18,17 +19,6 @@ from .train.generate import generate
 from .train.loop import TrainConfig, Trainer
 
 DEMO_PROMPT = "ROMEO.\n"
-
-
-def parse_option(text: str) -> tuple[str, object]:
-    """KEY=VALUE with VALUE read as JSON when it parses (numbers, true/false, lists), else a string."""
-    if "=" not in text:
-        raise argparse.ArgumentTypeError(f"--option must look like KEY=VALUE, got {text!r}")
-    key, value = text.split("=", 1)
-    try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
 
 
 def _add_train(subparsers) -> None:
@@ -159,14 +149,36 @@ def run_generate(args) -> int:
     return 0
 
 
+def _add_plot(subparsers) -> None:
+    parser = subparsers.add_parser("plot", help="PNG pictures: random FD responses (no RUN), or a trained run's Toeplitz operators")
+    parser.add_argument("run", nargs="?", help="checkpoint.pt or its run directory; without it: random FD RPEs")
+    parser.add_argument("--out", default="plots", help="output directory (created)")
+    parser.add_argument("--length", type=int, default=256, help="sequence length of the pictured operators")
+    parser.add_argument("--channel", type=int, default=0)
+    parser.set_defaults(handler=run_plot)
+
+
+def run_plot(args) -> int:
+    from .plots import plot_fd_responses, plot_operators
+
+    if args.run is None:
+        files = [plot_fd_responses(f"{args.out}/fd_responses_random.png", n=args.length)]
+    else:
+        model, _ = model_from_checkpoint(args.run)
+        files = plot_operators(model, args.out, n=args.length, channel=args.channel)
+    print("\n".join(map(str, files)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="tokenmix", description="Fast token mixers for long sequences: train, evaluate, generate, benchmark."
+        prog="tokenmix", description="Fast token mixers for long sequences: train, evaluate, generate, plot, benchmark."
     )
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_train(subparsers)
     _add_eval(subparsers)
     _add_generate(subparsers)
+    _add_plot(subparsers)
     from .bench.cli import add_bench, add_compare
 
     add_bench(subparsers)
@@ -175,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    retain_freed_memory()
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)

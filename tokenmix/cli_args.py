@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 
 def parse_lengths(text: str) -> list[int]:
@@ -21,3 +22,14 @@ def parse_names(text: str) -> list[str]:
     if not names:
         raise argparse.ArgumentTypeError("give at least one name")
     return names
+
+
+def parse_option(text: str) -> tuple[str, object]:
+    """KEY=VALUE with VALUE read as JSON when it parses (numbers, true/false, lists), else a string."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"--option must look like KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..cli_args import parse_lengths, parse_names
+from ..cli_args import parse_lengths, parse_names, parse_option
 from ..mixers.registry import list_mixers
 from ..models.registry import list_models
 from ..table import format_table
@@ -37,6 +37,15 @@ def add_bench(subparsers) -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--quick", action="store_true", help="a small subset: lengths 256,1024, dims 384/128, 3 repeats")
+    parser.add_argument(
+        "-o",
+        "--option",
+        action="append",
+        type=parse_option,
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option for every benchmarked mixer (layer, model), e.g. -o path=sparse for ski_tno",
+    )
     parser.add_argument("--output", default=None, metavar="FILE.json", help="write one JSON record per measurement")
     parser.add_argument("--plot", default=None, metavar="DIR", help="write PNG plots into DIR")
     parser.add_argument("--report", default=None, metavar="FILE.md", help="write a Markdown report (tables, plots, reading)")
@@ -63,7 +72,8 @@ def bench_cases(args) -> list[Case]:
                 if not supports(kind, name, causal):
                     continue
                 for length in args.lengths:
-                    cases.append(Case(kind, name, causal, length, dim, batch_for(length, args.batch_tokens), args.dtype, args.device))
+                    batch = batch_for(length, args.batch_tokens)
+                    cases.append(Case(kind, name, causal, length, dim, batch, args.dtype, args.device, dict(args.option)))
     return cases
 
 

@@ -11,6 +11,7 @@ import sys
 
 import torch
 
+from ..runtime import retain_freed_memory
 from .cases import Case
 from .measure import Measurement, measure
 
@@ -26,6 +27,7 @@ def run_in_subprocess(case: Case, repeats: int, threads: int) -> Measurement:
 
 def main(argv: list[str]) -> None:
     case_json, repeats, threads = argv
+    retain_freed_memory()
     torch.set_num_threads(int(threads))
     print(json.dumps(measure(Case(**json.loads(case_json)), int(repeats)).to_dict()))
 

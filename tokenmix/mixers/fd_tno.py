@@ -70,8 +70,8 @@ class FdTno(Mixer):
             return complex_readout(causal_spectrum(basis, fft_size), readout)
         nyquist_free = torch.ones_like(basis[0])
         nyquist_free[0] = nyquist_free[-1] = 0.0
-        parts = readout.t().to(basis.dtype) @ basis  # (2 dim, F): real rows, then imaginary rows
-        return torch.complex(parts[: self.dim], parts[self.dim :] * nyquist_free)
+        real, imaginary = (readout.t().to(basis.dtype) @ basis).view(2, self.dim, -1).unbind(0)  # unbind: no zero-filled grads
+        return torch.complex(real, imaginary * nyquist_free)
 
     def kernel(self, n: int) -> torch.Tensor:
         """Taps by lag of the Toeplitz operator at length n: (n, dim) causal, (2n - 1, dim) bidirectional."""

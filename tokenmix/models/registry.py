@@ -30,9 +30,7 @@ class ModelSpec:
 
 _MODELS: dict[str, ModelSpec] = {
     "tnn": ModelSpec(repeated(TnnBlock), {"mixer": "tno"}, "Toeplitz neural network (paper 002): GTU(TNO) + GLU blocks"),
-    "ski_tnn": ModelSpec(
-        repeated(TnnBlock), {"mixer": "ski_tno"}, "TNN with the sparse + low-rank SKI-TNO (paper 000, Algorithm 1)"
-    ),
+    "ski_tnn": ModelSpec(repeated(TnnBlock), {"mixer": "ski_tno"}, "TNN with the sparse + low-rank SKI-TNO (paper 000, Algorithm 1)"),
     "fd_tnn": ModelSpec(repeated(TnnBlock), {"mixer": "fd_tno"}, "TNN with the frequency-domain FD-TNO (paper 000, Algorithm 2)"),
     "transformer_xl": ModelSpec(xl_layers, {}, "Transformer-XL: relative attention over [memory; segment]", ("lm",)),
     "fnet_ar_xl": ModelSpec(

@@ -37,16 +37,23 @@ def _band_forward(x: torch.Tensor, taps: torch.Tensor, min_lag: int) -> torch.Te
 
 
 def _filter_gradient(x: torch.Tensor, grad_y: torch.Tensor, min_lag: int, m: int) -> torch.Tensor:
-    """dL/df_l = sum_{b, i} g_i x_{i - l}, as (d, m), by blocks: G_block^T @ X_window per channel."""
+    """dL/df_l = sum_{b, i} g_i x_{i - l}, as (d, m), by length blocks of B per channel.
+
+    With x padded and cut into blocks X_j, the window of block j is [X_j, head of X_{j+1}], so
+    G_j^T [X_j, X_{j+1}[:m-1]] holds every product g_t x_s of the block; lag l lies on a diagonal.
+    Two batched matmuls over channel-major copies of g and x (no overlapping-window copy).
+    """
     batch, n, d = x.shape
-    block = _FILTER_GRAD_BLOCK
+    block = max(_FILTER_GRAD_BLOCK, m - 1)
     blocks = -(-n // block)
     max_lag = min_lag + m - 1
     grad = F.pad(grad_y, (0, 0, 0, blocks * block - n)).view(batch, blocks, block, d)
-    grad = grad.permute(3, 0, 1, 2).reshape(d, batch * blocks, block).contiguous().transpose(1, 2)  # (d, block, blocks)
-    padded = F.pad(x, (0, 0, max_lag, blocks * block - n - min_lag))  # x_{i - l} for every l
-    windows = padded.as_strided((batch, blocks, block + m - 1, d), (padded.stride(0), block * d, d, 1))
-    products = torch.bmm(grad, windows.permute(3, 0, 1, 2).reshape(d, batch * blocks, block + m - 1).contiguous())
+    grad = grad.permute(3, 0, 1, 2).reshape(d, batch * blocks, block).contiguous().transpose(1, 2)  # (d, B, blocks)
+    padded = F.pad(x, (0, 0, max_lag, (blocks + 1) * block - n - max_lag))  # x_{i - l} for every l, one spare block
+    padded = padded.permute(2, 0, 1).contiguous().view(d, batch, blocks + 1, block)
+    own = padded[:, :, :blocks].reshape(d, batch * blocks, block)
+    head = padded[:, :, 1:, : m - 1].reshape(d, batch * blocks, m - 1)
+    products = torch.cat([torch.bmm(grad, own), torch.bmm(grad, head)], dim=2)  # (d, B, B + m - 1)
     # products[c, t, s] pairs g at block offset t with padded x at offset s; lag l sits at s = t + max_lag - l
     diagonals = products.as_strided((d, block, m), (products.stride(0), products.stride(1) + 1, 1)).sum(1)
     return diagonals.flip(1)

@@ -1,0 +1,32 @@
+"""Process-wide CPU setting: keep freed large blocks in the heap for reuse (glibc).
+
+glibc serves every allocation above its mmap threshold (at most 32 MB by default) with a fresh
+``mmap`` and returns it on free, so each large temporary of a long-sequence step is page-faulted in
+again: on 2 CPU cores that costs more than the FFTs (docs/ski_fd.md has the before/after timings).
+Raising the mmap and trim thresholds makes freed blocks reusable. The price: the process keeps
+its peak heap instead of returning it to the system. The CLI turns this on for every command;
+set ``TOKENMIX_RETAIN_FREED_MEMORY=0`` to keep the default allocator behaviour.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+
+ENVIRONMENT_VARIABLE = "TOKENMIX_RETAIN_FREED_MEMORY"
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
+_LARGEST_HEAP_BLOCK = 1 << 30
+
+
+def retain_freed_memory() -> bool:
+    """Apply the setting once per process; True when it took effect (Linux with glibc, not disabled)."""
+    if os.environ.get(ENVIRONMENT_VARIABLE, "1") == "0" or not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, _LARGEST_HEAP_BLOCK)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
