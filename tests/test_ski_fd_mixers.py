@@ -19,11 +19,13 @@ def _check_against(fast, slow, inputs, tolerance):
         assert relative_error(a, b) < tolerance
 
 
+@pytest.mark.parametrize("interpolation", ["linear", "cubic"])
 @pytest.mark.parametrize("path", ["dense", "sparse"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n", LENGTHS)
-def test_ski_tno_matches_its_explicit_matrix(n, causal, path):
-    mixer = tokenmix.build_mixer("ski_tno", 4, causal=causal, rank=16, filter_size=6, knots=8, path=path).double()
+def test_ski_tno_matches_its_explicit_matrix(n, causal, path, interpolation):
+    options = {"rank": 16, "filter_size": 6, "knots": 8, "path": path, "interpolation": interpolation}
+    mixer = tokenmix.build_mixer("ski_tno", 4, causal=causal, **options).double()
     x = torch.randn(2, n, 4, dtype=torch.float64, requires_grad=True)
     slow = torch.einsum("dij,bjd->bid", mixer.matrix(n), x)
     _check_against(mixer(x), slow, [x, *mixer.parameters()], 1e-10)

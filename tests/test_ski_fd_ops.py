@@ -14,6 +14,7 @@ from tokenmix.ops.ski import (
     inducing_spacing,
     naive_ski_matrix,
     ski_dense_matvec,
+    ski_linear_matvec,
     ski_sparse_matvec,
     ski_weights,
     toeplitz_blocks,
@@ -90,7 +91,10 @@ def test_ski_dense_and_sparse_paths_match_explicit_w_a_wt(n, degree):
     reference = torch.einsum("dij,bjd->bid", naive_ski_matrix(w, toeplitz_blocks(kernel)), x)
     grad = torch.randn_like(reference)
     expected = torch.autograd.grad(reference, [x, kernel], grad)
-    for result in (ski_dense_matvec(x, w, kernel), ski_sparse_matvec(x, *ski_weights(n, rank, degree), kernel)):
+    results = [ski_dense_matvec(x, w, kernel), ski_sparse_matvec(x, *ski_weights(n, rank, degree), kernel)]
+    if degree == 1:
+        results.append(ski_linear_matvec(x, kernel))
+    for result in results:
         assert relative_error(result, reference) < 1e-12
         for a, b in zip(torch.autograd.grad(result, [x, kernel], grad), expected, strict=True):
             assert relative_error(a, b) < 1e-12
@@ -102,6 +106,7 @@ def test_dense_and_sparse_agree_in_float32():
     dense = ski_dense_matvec(x, dense_interpolation(n, rank, 1).float(), kernel)
     sparse = ski_sparse_matvec(x, *ski_weights(n, rank, 1), kernel)
     assert relative_error(sparse, dense) < 1e-5
+    assert relative_error(ski_linear_matvec(x, kernel), dense) < 1e-5
 
 
 def _theorem_1_terms(n: int, rank: int, width: float):

@@ -33,12 +33,12 @@ def _impulse_magnitude(mixer: FdTno, n: int) -> torch.Tensor:
 
 def _draw_fd(axes_row, mixer: FdTno, n: int, label: str, channels: int) -> None:
     fft_size = fast_fft_size(2 * n)
-    omega = rfft_frequencies(fft_size)
-    response = mixer.response(fft_size)[:channels]
-    taps = _impulse_magnitude(mixer, n)[:, :channels]
+    omega = rfft_frequencies(fft_size).numpy()
+    response = mixer.response(fft_size)[:channels].real.numpy()
+    taps = _impulse_magnitude(mixer, n)[:, :channels].clamp_min(1e-12).numpy()
     for c in range(channels):
-        axes_row[0].plot(omega, response[c].real, lw=0.8)
-        axes_row[1].semilogy(taps[:, c].clamp_min(1e-12), lw=0.8)
+        axes_row[0].plot(omega, response[c], lw=0.8)
+        axes_row[1].semilogy(taps[:, c], lw=0.8)
     axes_row[0].set(title=f"{label}: Re G(w)", xlabel="w")
     axes_row[1].set(title=f"{label}: |impulse response|", xlabel="lag", ylim=(1e-9, None))
 
@@ -75,7 +75,7 @@ def plot_operators(model: torch.nn.Module, out_dir, n: int = 256, channel: int =
         fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4), squeeze=False)
         for ax, (title, matrix) in zip(axes[0], panels.items(), strict=True):
             limit = float(matrix.abs().max()) or 1.0
-            image = ax.imshow(matrix, cmap="RdBu_r", vmin=-limit, vmax=limit)
+            image = ax.imshow(matrix.numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit)
             ax.set(title=title, xlabel="j (input)", ylabel="i (output)")
             fig.colorbar(image, ax=ax, fraction=0.046)
         fig.suptitle(f"{name} ({type(mixer).__name__}, channel {channel}, n={n})")

@@ -6,8 +6,9 @@ Per channel y = T_sparse x + W A W^T x:
   linear or cubic), A_ij = k(p_i - p_j) with k(t) = RPE(x(t)), x(t) = sign(t) decay^|t| the inverse
   time warp and RPE a learned piecewise-linear function on [-1, 1] with RPE(0) = 0 (``knots`` per
   side). Every lag maps into [-1, 1], so one module serves any length.
-W A W^T x runs densely (matmuls, the paper's practical choice) or sparsely (gather/scatter,
-O(n + r^2) per channel); ``path="auto"`` picks by length, from the measurements in docs/ski_fd.md.
+W A W^T x runs densely (matmuls, the paper's practical choice) or sparsely (linear: native
+upsampling kernels; cubic: gather/scatter), O(n + r log r) per channel; ``path="auto"`` picks by
+length, from the measurements in docs/ski_fd.md.
 
 ``causal=True`` has no low-rank shortcut (paper 000, Appendix B): the kernel
 t_k = RPE(x(k)) + f_k at every lag k = 0 ... n - 1 (f the band's taps at lags 0 ... m - 1) is
@@ -29,6 +30,7 @@ from ..ops.ski import (
     inverse_time_warp,
     naive_ski_matrix,
     ski_dense_matvec,
+    ski_linear_matvec,
     ski_sparse_matvec,
     ski_weights,
     toeplitz_blocks,
@@ -153,7 +155,9 @@ class SkiTno(Mixer):
             spectrum = self._cache.get(self, n, lambda: complex_readout(basis_spectrum, self._causal_values()))
             return spectral_matvec(x, spectrum, fast_fft_size(2 * n))
         kernel = self.inducing_kernel(n)
-        if self.uses_sparse_path(n):
+        if self.uses_sparse_path(n) and self.degree == 1:
+            low_rank = ski_linear_matvec(x, kernel)
+        elif self.uses_sparse_path(n):
             low_rank = ski_sparse_matvec(x, *self._weights(n, x.device), kernel)
         else:
             low_rank = ski_dense_matvec(x, self._dense(n, x.device), kernel)

@@ -7,13 +7,17 @@ matrix), W (n x r) the interpolation weights of position i between its neighbour
 
 Two ways to apply W A W^T to x (batch, n, d), equal to float round-off:
 - dense: W materialised, two (r x n) x (n x d) matmuls per batch item, O(n r d);
-- sparse: W^T as a scatter-add and W as a gather with the s indices per row, O(n s d).
+- sparse, O(n s d): for linear interpolation W is exactly PyTorch's linear upsampling from r to n
+  points with aligned corners (position i sits at i (r - 1)/(n - 1) = i/h on the inducing grid), so
+  W z is ``F.interpolate`` and W^T x its adjoint, native kernels that keep the channels-last
+  layout; for cubic, W^T is a scatter-add and W a gather with the s indices per row.
 A is applied as a Toeplitz product by FFT (size >= 2r), O(r log r) per channel, in both.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from .interpolation import grid_weights, interpolation_matrix
 from .toeplitz import toeplitz_matvec
@@ -109,6 +113,41 @@ def ski_sparse_matvec(x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor
     """W A W^T x with W given by its sparse rows (index, weight), each (n, s); A by its lags, (2r - 1, d)."""
     z = _Restrict.apply(x, index, weight, (kernel.shape[0] + 1) // 2)
     return _Prolong.apply(_apply_small(kernel, z), index, weight)
+
+
+def _as_image(x: torch.Tensor) -> torch.Tensor:
+    """(batch, length, d) -> (batch, d, 1, length), a channels-last view of the same memory."""
+    return x.transpose(1, 2)[:, :, None, :]
+
+
+def _from_image(image: torch.Tensor) -> torch.Tensor:
+    return image[:, :, 0, :].transpose(1, 2)
+
+
+def _linear_upsample(z: torch.Tensor, n: int) -> torch.Tensor:
+    """W z for linear W: (batch, r, d) -> (batch, n, d); z made contiguous (it is small) so the output is channels-last."""
+    return _from_image(F.interpolate(_as_image(z.contiguous()), size=(1, n), mode="bilinear", align_corners=True))
+
+
+class _LinearRestrict(torch.autograd.Function):
+    """W^T x for linear W: the adjoint of linear upsampling, (batch, n, d) -> (batch, r, d)."""
+
+    @staticmethod
+    def forward(ctx, x, count):
+        ctx.n = x.shape[1]
+        image = _as_image(x.contiguous())
+        size = [image.shape[0], image.shape[1], 1, count]
+        return _from_image(torch.ops.aten.upsample_bilinear2d_backward(image, [1, ctx.n], size, True))
+
+    @staticmethod
+    def backward(ctx, grad_z):
+        return _linear_upsample(grad_z, ctx.n), None
+
+
+def ski_linear_matvec(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    """W A W^T x for linear interpolation, O(n d) by native upsampling kernels; A by its lags, (2r - 1, d)."""
+    z = _LinearRestrict.apply(x, (kernel.shape[0] + 1) // 2)
+    return _linear_upsample(_apply_small(kernel, z), x.shape[1])
 
 
 def naive_ski_matrix(interpolation: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
