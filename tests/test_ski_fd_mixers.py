@@ -192,13 +192,3 @@ def test_retaining_freed_memory_can_be_turned_off(monkeypatch):
     assert retain_freed_memory() is False
     monkeypatch.delenv(ENVIRONMENT_VARIABLE)
     assert isinstance(retain_freed_memory(), bool)
-
-
-def test_ski_kernel_starts_as_an_exponential_decay():
-    """Initial RPE(x) = a |x| + b x per channel, so k(t) = RPE(sign(t) decay^|t|) = (a +- b) decay^|t|."""
-    mixer = SkiTno(6, decay=0.95).double()
-    lags = torch.arange(-200, 201, dtype=torch.float64)
-    kernel = mixer.smooth_kernel(lags).detach()
-    at_one = mixer.smooth_kernel(torch.tensor([-1.0, 1.0], dtype=torch.float64)).detach() / 0.95
-    expected = torch.where(lags[:, None] < 0, at_one[0], at_one[1]) * 0.95 ** lags.abs()[:, None]
-    torch.testing.assert_close(kernel, expected)

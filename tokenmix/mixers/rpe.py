@@ -51,17 +51,15 @@ class PiecewiseLinearEncoder(nn.Module):
     Proposition 1 of paper 000: a ReLU MLP of a scalar is such a function anyway.
     """
 
-    def __init__(self, out_features: int, knots: int = 32, init_scale: float = 0.5):
+    def __init__(self, out_features: int, knots: int = 32):
         super().__init__()
         check_int(knots, "knots")
         self.knots = knots
-        # Start as a random line per channel, f(x) = a |x| + b x: under the inverse time warp
-        # x = sign(t) decay^|t| the kernel then starts as an exponential decay, like TNN's
-        # lambda^|t| RPE(t), not as rough noise that reaches every lag.
-        slopes = torch.empty(2, out_features).uniform_(-init_scale, init_scale)
-        magnitudes = torch.arange(1, knots + 1, dtype=torch.float32)[:, None] / knots  # |x| at the knots
-        self.negative = nn.Parameter(magnitudes.flip(0) * (slopes[0] - slopes[1]))
-        self.positive = nn.Parameter(magnitudes * (slopes[0] + slopes[1]))
+        self.negative = nn.Parameter(torch.empty(knots, out_features))
+        self.positive = nn.Parameter(torch.empty(knots, out_features))
+        bound = knots**-0.5
+        nn.init.uniform_(self.negative, -bound, bound)
+        nn.init.uniform_(self.positive, -bound, bound)
 
     def values(self) -> torch.Tensor:
         """(2 * knots + 1, out) values at the knots -1 ... 1, zero in the middle."""
