@@ -51,19 +51,18 @@ class PiecewiseLinearEncoder(nn.Module):
     Proposition 1 of paper 000: a ReLU MLP of a scalar is such a function anyway.
     """
 
-    def __init__(self, out_features: int, knots: int = 32):
+    def __init__(self, out_features: int, knots: int = 32, gain: float = 1.0):
         super().__init__()
         check_int(knots, "knots")
-        self.knots = knots
-        self.negative = nn.Parameter(torch.empty(knots, out_features))
-        self.positive = nn.Parameter(torch.empty(knots, out_features))
-        bound = knots**-0.5
-        nn.init.uniform_(self.negative, -bound, bound)
-        nn.init.uniform_(self.positive, -bound, bound)
+        self.knots, self.gain = knots, gain
+        bound = knots**-0.5 / gain  # values = gain * parameters, uniform in +-1/sqrt(knots) at init
+        self.negative = nn.Parameter(torch.empty(knots, out_features).uniform_(-bound, bound))
+        self.positive = nn.Parameter(torch.empty(knots, out_features).uniform_(-bound, bound))
 
     def values(self) -> torch.Tensor:
         """(2 * knots + 1, out) values at the knots -1 ... 1, zero in the middle."""
-        return torch.cat([self.negative, self.negative.new_zeros(1, self.negative.shape[1]), self.positive])
+        zero = self.negative.new_zeros(1, self.negative.shape[1])
+        return torch.cat([self.negative, zero, self.positive]) * self.gain
 
     def basis(self, points: torch.Tensor) -> torch.Tensor:
         """(P, 2 * knots + 1) hat functions at points in [-1, 1]."""

@@ -77,6 +77,7 @@ class SkiTno(Mixer):
         knots: int = 32,
         interpolation: str = "linear",
         path: str = "auto",
+        gain: float = 1.0,
     ):
         super().__init__(dim, causal)
         check_int(filter_size, "filter_size")
@@ -90,8 +91,12 @@ class SkiTno(Mixer):
         self.interpolation = interpolation
         self.filter_size = filter_size | 1  # odd, so a centred band covers lags -(m-1)/2 ... (m-1)/2
         self.min_lag = 0 if causal else -(self.filter_size // 2)
-        self.rpe = PiecewiseLinearEncoder(dim, knots)
-        self.taps = nn.Parameter(torch.empty(dim, self.filter_size).uniform_(-1, 1).mul_(self.filter_size**-0.5))
+        if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not gain > 0:
+            raise ValueError(f"gain must be a positive number, got {gain!r}")
+        self.gain = float(gain)
+        self.rpe = PiecewiseLinearEncoder(dim, knots, self.gain)
+        bound = self.filter_size**-0.5 / self.gain  # taps = gain * parameters, uniform in +-1/sqrt(m) at init
+        self.band = nn.Parameter(torch.empty(dim, self.filter_size).uniform_(-bound, bound))
         self._weights = _LengthCache(lambda n, device: ski_weights(n, rank, self.degree, device))
         self._dense = _LengthCache(lambda n, device: dense_interpolation(n, rank, self.degree, device))
         self._basis_spectra = _LengthCache(self._causal_basis_spectrum)
@@ -103,6 +108,11 @@ class SkiTno(Mixer):
             f"interpolation={self.interpolation}, path={self.path}"
         )
 
+    @property
+    def taps(self) -> torch.Tensor:
+        """The band's taps f by lag, (dim, filter_size)."""
+        return self.band * self.gain
+
     def uses_sparse_path(self, n: int) -> bool:
         return self.path == "sparse" or (self.path == "auto" and n >= SPARSE_FROM_LENGTH)
 
@@ -112,7 +122,7 @@ class SkiTno(Mixer):
 
     def inducing_kernel(self, n: int) -> torch.Tensor:
         """A_ij = k(p_i - p_j) by lag i - j = -(r - 1) ... r - 1, (2r - 1, dim)."""
-        return self.smooth_kernel(inducing_lags(n, self.rank, self.taps.device))
+        return self.smooth_kernel(inducing_lags(n, self.rank, self.band.device))
 
     # -- causal: kernel at every lag, by FFT -------------------------------------------------------
     def _causal_basis(self, n: int, device) -> torch.Tensor:
@@ -132,7 +142,7 @@ class SkiTno(Mixer):
         """Causal kernel t_k, k = 0 ... n - 1, (n, dim)."""
         if not self.causal:
             raise ValueError("kernel(n) is the causal kernel; a bidirectional ski_tno is W A W^T + band (see matrix)")
-        return self._causal_basis(n, self.taps.device) @ self._causal_values()
+        return self._causal_basis(n, self.band.device) @ self._causal_values()
 
     # -- explicit matrices (tests and plots) ---------------------------------------------------------
     def sparse_matrix(self, n: int) -> torch.Tensor:
@@ -142,8 +152,8 @@ class SkiTno(Mixer):
     def low_rank_matrix(self, n: int) -> torch.Tensor:
         """W A W^T (bidirectional) or the causal smooth Toeplitz part, (dim, n, n)."""
         if self.causal:
-            return naive_toeplitz_matrix(self.smooth_kernel(relative_lags(n, True, self.taps.device)), n, causal=True)
-        return naive_ski_matrix(self._dense(n, self.taps.device), toeplitz_blocks(self.inducing_kernel(n)))
+            return naive_toeplitz_matrix(self.smooth_kernel(relative_lags(n, True, self.band.device)), n, causal=True)
+        return naive_ski_matrix(self._dense(n, self.band.device), toeplitz_blocks(self.inducing_kernel(n)))
 
     def matrix(self, n: int) -> torch.Tensor:
         return self.sparse_matrix(n) + self.low_rank_matrix(n)
