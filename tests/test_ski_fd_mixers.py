@@ -49,6 +49,15 @@ def test_ski_low_rank_part_is_w_a_wt_built_from_scratch():
     assert float(mixer.rpe(torch.zeros(1, dtype=torch.float64)).detach().abs().max()) == 0.0  # RPE(0) = 0
 
 
+def test_gain_scales_parameters_not_the_initial_operator():
+    torch.manual_seed(0)
+    plain = SkiTno(3, gain=1.0)
+    torch.manual_seed(0)
+    scaled = SkiTno(3, gain=8.0)
+    torch.testing.assert_close(plain.matrix(20), scaled.matrix(20))
+    assert float(scaled.band.detach().abs().max()) * 8 == pytest.approx(float(scaled.taps.detach().abs().max()))
+
+
 def test_ski_band_is_centred_and_odd():
     mixer = SkiTno(2, filter_size=32)
     assert mixer.filter_size == 33 and mixer.min_lag == -16
@@ -139,6 +148,7 @@ def test_auto_path_switches_by_length():
         ("ski_tno", {"interpolation": "quadratic"}, "interpolation"),
         ("ski_tno", {"path": "fast"}, "path"),
         ("ski_tno", {"knots": 0}, "knots"),
+        ("ski_tno", {"gain": 0}, "gain"),
         ("fd_tno", {"activation": "tanh"}, "activation"),
         ("fd_tno", {"rpe_dim": 0}, "rpe_dim"),
         ("fd_tno", {"decay": 0.9}, "decay"),

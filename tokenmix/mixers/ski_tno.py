@@ -10,6 +10,11 @@ W A W^T x runs densely (matmuls, the paper's practical choice) or sparsely (line
 upsampling kernels; cubic: gather/scatter), O(n + r log r) per channel; ``path="auto"`` picks by
 length, from the measurements in docs/ski_fd.md.
 
+Knot values and taps are stored divided by ``gain`` (default 8) and multiplied back: Adam moves a
+parameter by about lr per step, and each of these is a kernel value on its own (a TNN kernel value
+is a 64-wide dot product), so the gain is their step-size multiplier; the initial operator does not
+depend on it (docs/ski_fd.md has its measured effect on training).
+
 ``causal=True`` has no low-rank shortcut (paper 000, Appendix B): the kernel
 t_k = RPE(x(k)) + f_k at every lag k = 0 ... n - 1 (f the band's taps at lags 0 ... m - 1) is
 applied as a causal Toeplitz product by FFT, O(n log n). It is linear in the knot values and taps,
@@ -77,7 +82,7 @@ class SkiTno(Mixer):
         knots: int = 32,
         interpolation: str = "linear",
         path: str = "auto",
-        gain: float = 1.0,
+        gain: float = 8.0,
     ):
         super().__init__(dim, causal)
         check_int(filter_size, "filter_size")
