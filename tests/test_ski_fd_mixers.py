@@ -131,11 +131,15 @@ def test_one_module_serves_any_length_and_bfloat16(name):
     assert y.dtype == torch.bfloat16 and torch.isfinite(y.float()).all()
 
 
-def test_auto_path_switches_by_length():
-    mixer = SkiTno(2)
+def test_auto_path_follows_the_measured_thresholds():
     from tokenmix.mixers.ski_tno import SPARSE_FROM_LENGTH
 
-    assert not mixer.uses_sparse_path(SPARSE_FROM_LENGTH - 1) and mixer.uses_sparse_path(SPARSE_FROM_LENGTH)
+    for interpolation, threshold in SPARSE_FROM_LENGTH.items():
+        mixer = SkiTno(2, interpolation=interpolation)
+        if threshold is None:
+            assert not mixer.uses_sparse_path(10**6)
+        else:
+            assert mixer.uses_sparse_path(threshold) and (threshold == 1 or not mixer.uses_sparse_path(threshold - 1))
     assert SkiTno(2, path="sparse").uses_sparse_path(8) and not SkiTno(2, path="dense").uses_sparse_path(10**6)
 
 

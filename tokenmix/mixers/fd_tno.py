@@ -68,10 +68,10 @@ class FdTno(Mixer):
         basis, readout = self._basis(fft_size), self._readout()
         if self.causal:
             return complex_readout(causal_spectrum(basis, fft_size), readout)
-        nyquist_free = torch.ones_like(basis[0])
-        nyquist_free[0] = nyquist_free[-1] = 0.0
+        interior = torch.ones_like(basis[0])  # Im G = 0 at w = 0 and w = pi
+        interior[0] = interior[-1] = 0.0
         real, imaginary = (readout.t().to(basis.dtype) @ basis).view(2, self.dim, -1).unbind(0)  # unbind: no zero-filled grads
-        return torch.complex(real, imaginary * nyquist_free)
+        return torch.complex(real, imaginary * interior)
 
     def kernel(self, n: int) -> torch.Tensor:
         """Taps by lag of the Toeplitz operator at length n: (n, dim) causal, (2n - 1, dim) bidirectional."""

@@ -8,7 +8,7 @@ Per channel y = T_sparse x + W A W^T x:
   side). Every lag maps into [-1, 1], so one module serves any length.
 W A W^T x runs densely (matmuls, the paper's practical choice) or sparsely (linear: native
 upsampling kernels; cubic: gather/scatter), O(n + r log r) per channel; ``path="auto"`` picks by
-length, from the measurements in docs/ski_fd.md.
+length and interpolation, from the measurements in docs/ski_fd.md.
 
 Knot values and taps are stored divided by ``gain`` (default 8) and multiplied back: Adam moves a
 parameter by about lr per step, and each of these is a kernel value on its own (a TNN kernel value
@@ -48,7 +48,10 @@ from .rpe import PiecewiseLinearEncoder
 from .tno import SpectrumCache, complex_readout, relative_lags
 
 PATHS = ("auto", "dense", "sparse")
-SPARSE_FROM_LENGTH = 4096  # path="auto": sparse at n >= this (docs/ski_fd.md, `tokenmix bench` rows)
+# path="auto": the sparse path from this length on, per interpolation (None: never). Measured with
+# `tokenmix bench --mixers ski_tno -o path=... -o interpolation=...` at lengths 256-16384 (docs/ski_fd.md):
+# linear upsampling beat the matmuls at every length, the cubic gather/scatter at none.
+SPARSE_FROM_LENGTH = {"linear": 1, "cubic": None}
 
 
 class _LengthCache:
@@ -119,7 +122,8 @@ class SkiTno(Mixer):
         return self.band * self.gain
 
     def uses_sparse_path(self, n: int) -> bool:
-        return self.path == "sparse" or (self.path == "auto" and n >= SPARSE_FROM_LENGTH)
+        threshold = SPARSE_FROM_LENGTH[self.interpolation]
+        return self.path == "sparse" or (self.path == "auto" and threshold is not None and n >= threshold)
 
     def smooth_kernel(self, lags: torch.Tensor) -> torch.Tensor:
         """k(t) = RPE(x(t)) at the given (float) lags, (P, dim)."""
