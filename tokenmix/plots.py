@@ -70,12 +70,11 @@ def plot_operators(model: torch.nn.Module, out_dir, n: int = 256, channel: int =
         raise ValueError("the model has no Toeplitz mixer (tno, ski_tno, fd_tno) to plot")
     files = []
     for index, (name, mixer) in enumerate(mixers):
-        mixer = mixer.float()
         panels = operator_panels(mixer, n, channel)
         fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4), squeeze=False)
         for ax, (title, matrix) in zip(axes[0], panels.items(), strict=True):
             limit = float(matrix.abs().max()) or 1.0
-            image = ax.imshow(matrix.numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit)
+            image = ax.imshow(matrix.float().numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit)
             ax.set(title=title, xlabel="j (input)", ylabel="i (output)")
             fig.colorbar(image, ax=ax, fraction=0.046)
         fig.suptitle(f"{name} ({type(mixer).__name__}, channel {channel}, n={n})")

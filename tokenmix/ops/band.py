@@ -25,15 +25,25 @@ def _check_band(x: torch.Tensor, taps: torch.Tensor, min_lag: int) -> None:
         raise ValueError(f"min_lag must be in [-(filter_size - 1), 0] so the band covers lag 0, got {min_lag}")
 
 
+def as_image(x: torch.Tensor) -> torch.Tensor:
+    """(batch, length, d) -> (batch, d, 1, length): a channels-last view of the same memory, the
+    layout oneDNN's depthwise convolutions and PyTorch's upsampling kernels run on without copies."""
+    return x.transpose(1, 2)[:, :, None, :]
+
+
+def from_image(image: torch.Tensor) -> torch.Tensor:
+    """The inverse view of ``as_image``."""
+    return image[:, :, 0, :].transpose(1, 2)
+
+
 def _band_forward(x: torch.Tensor, taps: torch.Tensor, min_lag: int) -> torch.Tensor:
     """The convolution itself (no autograd of its own): (batch, n, d) -> (batch, n, d)."""
     n, m = x.shape[1], taps.shape[1]
     left, right = min_lag + m - 1, -min_lag  # conv2d correlates: out_i = sum_k w_k x_{i + k - left}
     pad = max(left, right)
-    image = x.transpose(1, 2)[:, :, None, :]  # (batch, d, 1, n), channels-last memory
     weight = taps.flip(1)[:, None, None, :].to(x.dtype)
-    out = F.conv2d(image, weight, padding=(0, pad), groups=x.shape[2])
-    return out[:, :, 0, pad - left : pad - left + n].transpose(1, 2)
+    out = F.conv2d(as_image(x), weight, padding=(0, pad), groups=x.shape[2])
+    return from_image(out[..., pad - left : pad - left + n])
 
 
 def _filter_gradient(x: torch.Tensor, grad_y: torch.Tensor, min_lag: int, m: int) -> torch.Tensor:

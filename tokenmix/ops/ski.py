@@ -19,13 +19,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .band import as_image, from_image
 from .interpolation import grid_weights, interpolation_matrix
 from .toeplitz import toeplitz_matvec
 
 
 def inverse_time_warp(lags: torch.Tensor, decay: float) -> torch.Tensor:
     """x(t) = sign(t) * decay^|t| (paper 000, §3.2.2): every lag lands in [-1, 1], far lags near 0."""
-    return torch.sign(lags) * torch.exp(lags.abs() * torch.log(torch.tensor(decay, dtype=lags.dtype)))
+    return torch.sign(lags) * decay ** lags.abs()
 
 
 def inducing_spacing(n: int, rank: int) -> tuple[int, float]:
@@ -115,18 +116,9 @@ def ski_sparse_matvec(x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor
     return _Prolong.apply(_apply_small(kernel, z), index, weight)
 
 
-def _as_image(x: torch.Tensor) -> torch.Tensor:
-    """(batch, length, d) -> (batch, d, 1, length), a channels-last view of the same memory."""
-    return x.transpose(1, 2)[:, :, None, :]
-
-
-def _from_image(image: torch.Tensor) -> torch.Tensor:
-    return image[:, :, 0, :].transpose(1, 2)
-
-
 def _linear_upsample(z: torch.Tensor, n: int) -> torch.Tensor:
     """W z for linear W: (batch, r, d) -> (batch, n, d); z made contiguous (it is small) so the output is channels-last."""
-    return _from_image(F.interpolate(_as_image(z.contiguous()), size=(1, n), mode="bilinear", align_corners=True))
+    return from_image(F.interpolate(as_image(z.contiguous()), size=(1, n), mode="bilinear", align_corners=True))
 
 
 class _LinearRestrict(torch.autograd.Function):
@@ -135,9 +127,9 @@ class _LinearRestrict(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, count):
         ctx.n = x.shape[1]
-        image = _as_image(x.contiguous())
+        image = as_image(x.contiguous())
         size = [image.shape[0], image.shape[1], 1, count]
-        return _from_image(torch.ops.aten.upsample_bilinear2d_backward(image, [1, ctx.n], size, True))
+        return from_image(torch.ops.aten.upsample_bilinear2d_backward(image, [1, ctx.n], size, True))
 
     @staticmethod
     def backward(ctx, grad_z):
