@@ -67,10 +67,10 @@ def test_measure_in_process_and_reading():
 def test_cases_skip_modes_a_mixer_or_model_lacks():
     arguments = Namespace(
         mixers=None, models=None, kinds=["mixer", "layer", "model"], causal="both", lengths=[64],
-        dim=8, model_dim=8, batch_tokens=64, dtype="float32", device="cpu", option=[("path", "sparse")],
+        dim=8, model_dim=8, batch_tokens=64, dtype="float32", device="cpu", option=[("path", "sparse"), ("tcn.depth", 2)],
     )  # fmt: skip
     built = bench_cases(arguments)
-    assert all(case.options == {"path": "sparse"} for case in built)
+    assert all(case.options == ({"path": "sparse", "depth": 2} if case.name == "tcn" else {"path": "sparse"}) for case in built)
     cases = {(c.kind, c.name, c.causal) for c in built}
     assert ("mixer", "fnet", False) in cases and ("mixer", "fnet", True) not in cases
     assert ("mixer", "fnet_ar", True) in cases and ("mixer", "fnet_ar", False) not in cases

@@ -194,7 +194,7 @@ def test_masked_lm_training_and_evaluation(text_file, tmp_path, capsys):
     first = trainer.evaluate("val")
     final = trainer.run()
     assert trainer.model.config.vocab_size == 257 and not trainer.model.config.causal
-    assert 0 < final["tokens"] < 0.25 * trainer.corpus.val.numel()  # only the masked ~15 % are scored
+    assert 0 < final["tokens"] < 0.25 * trainer.data.val.numel()  # only the masked ~15 % are scored
     assert final["loss"] < first["loss"]
     assert main(["eval", str(tmp_path / "mlm"), "--split", "val"]) == 0
     assert "tnn (mlm, " in capsys.readouterr().out

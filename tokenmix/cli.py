@@ -10,11 +10,13 @@ from dataclasses import fields
 import torch
 
 from .cli_args import parse_lengths, parse_option
-from .data.corpus import BYTE_VOCAB, load_corpus
+from .data.corpus import BYTE_VOCAB
+from .data.recall import AssociativeRecall
+from .data.sources import load_data
 from .runtime import retain_freed_memory
 from .table import format_table
 from .train.checkpoint import model_from_checkpoint
-from .train.evaluate import evaluate_lm, evaluate_mlm
+from .train.evaluate import describe, evaluate_lm, evaluate_mlm, evaluate_recall
 from .train.generate import generate
 from .train.loop import TrainConfig, Trainer
 
@@ -27,7 +29,7 @@ def _add_train(subparsers) -> None:
     helps = {
         "model": "model name (tnn, ...)",
         "task": "lm (causal) or mlm (masked, bidirectional)",
-        "data": "shakespeare (embedded), a .txt file or directory, or bytes:FILE (enwik8 layout)",
+        "data": "shakespeare (embedded), a .txt file or directory, bytes:FILE (enwik8 layout), or assoc-recall[:vocab=V]",
         "steps": f"optimizer steps, {TrainConfig.steps} unless --minutes is given",
         "minutes": "time budget: steps are fixed from the speed of the first steps",
         "schedule": "cosine, inverse_sqrt or constant (after linear warmup)",
@@ -69,8 +71,8 @@ def run_train(args) -> int:
             if "seconds_per_step" in final:
                 speed = f"{final['seconds_per_step']:.3f} s/step, {final['train_tokens_per_s']:,.0f} tokens/s"
                 print(f"training: {trainer.step} steps, {speed}, {trainer.model.num_parameters():,} parameters")
-            print(f"validation: loss {final['loss']:.4f}  bpc {final['bpc']:.4f}  ({final['tokens']} tokens)")
-            if config.task == "lm" and args.sample_tokens > 0:
+            print(f"validation: {describe(final)}")
+            if config.task == "lm" and not trainer.recall and args.sample_tokens > 0:
                 prompt = torch.tensor(list(DEMO_PROMPT.encode()), dtype=torch.long)
                 generator = torch.Generator().manual_seed(config.seed)
                 new = generate(trainer.model, prompt, args.sample_tokens, 0.8, 40, generator)
@@ -95,17 +97,21 @@ def _add_eval(subparsers) -> None:
     parser.set_defaults(handler=run_eval)
 
 
+def _evaluate_at(model, train_config: dict, length: int, args) -> dict:
+    """The metrics of one evaluation length (a recall task is regenerated at that length)."""
+    data = load_data(train_config["data"], length, train_config["seed"])
+    if isinstance(data, AssociativeRecall):
+        return evaluate_recall(model, *data.split(args.split), args.batch_size)
+    data = data.split(args.split)
+    if model.config.task == "mlm":
+        return evaluate_mlm(model, data, length, BYTE_VOCAB, args.batch_size, args.max_tokens, train_config["seed"])
+    return evaluate_lm(model, data, length, args.batch_size, args.max_tokens)
+
+
 def run_eval(args) -> int:
     model, train_config = model_from_checkpoint(args.checkpoint, args.device)
-    data = load_corpus(train_config["data"]).split(args.split)
     lengths = args.lengths or [train_config["seq_len"]]
-    rows = []
-    for length in lengths:
-        if model.config.task == "mlm":
-            metrics = evaluate_mlm(model, data, length, BYTE_VOCAB, args.batch_size, args.max_tokens, train_config["seed"])
-        else:
-            metrics = evaluate_lm(model, data, length, args.batch_size, args.max_tokens)
-        rows.append({"length": length, **metrics})
+    rows = [{"length": length, **_evaluate_at(model, train_config, length, args)} for length in lengths]
     source, trained_at = train_config["data"], train_config["seq_len"]
     reading = "contiguous streams, memory carried across segments" if model.recurrent else "independent windows"
     print(f"{model.config.name} ({model.config.task}, {model.num_parameters():,} parameters) on the {args.split} split of {source}")
@@ -113,7 +119,8 @@ def run_eval(args) -> int:
     for row in rows:  # length extrapolation: how the loss changes against the first length
         row["loss_vs_first"] = row["loss"] / rows[0]["loss"] - 1.0
     shown = [{**row, "loss_vs_first": f"{row['loss_vs_first']:+.2%}"} for row in rows]
-    print(format_table(shown, ["length", "loss", "bpc", "ppl", "tokens", "loss_vs_first"]))
+    columns = ["length", "loss", "accuracy", "examples"] if "accuracy" in rows[0] else ["length", "loss", "bpc", "ppl", "tokens"]
+    print(format_table(shown, [*columns, "loss_vs_first"]))
     if args.json:
         result = {
             "checkpoint": str(args.checkpoint),

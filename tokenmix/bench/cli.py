@@ -44,12 +44,22 @@ def add_bench(subparsers) -> None:
         type=parse_option,
         default=[],
         metavar="KEY=VALUE",
-        help="an option for every benchmarked mixer (layer, model), e.g. -o path=sparse for ski_tno",
+        help="an option for every benchmarked mixer (layer, model), e.g. -o path=sparse; NAME.KEY=VALUE for one name only",
     )
     parser.add_argument("--output", default=None, metavar="FILE.json", help="write one JSON record per measurement")
     parser.add_argument("--plot", default=None, metavar="DIR", help="write PNG plots into DIR")
     parser.add_argument("--report", default=None, metavar="FILE.md", help="write a Markdown report (tables, plots, reading)")
     parser.set_defaults(handler=run_bench)
+
+
+def options_for(name: str, options: list[tuple[str, object]]) -> dict:
+    """The options of one benchmarked name: KEY=VALUE apply to every name, NAME.KEY=VALUE to NAME only."""
+    chosen = {}
+    for key, value in options:
+        scope, dot, option = key.rpartition(".")
+        if not dot or scope == name:
+            chosen[option] = value
+    return chosen
 
 
 def bench_cases(args) -> list[Case]:
@@ -73,7 +83,8 @@ def bench_cases(args) -> list[Case]:
                     continue
                 for length in args.lengths:
                     batch = batch_for(length, args.batch_tokens)
-                    cases.append(Case(kind, name, causal, length, dim, batch, args.dtype, args.device, dict(args.option)))
+                    options = options_for(name, args.option)
+                    cases.append(Case(kind, name, causal, length, dim, batch, args.dtype, args.device, options))
     return cases
 
 

@@ -22,6 +22,7 @@ from torch import nn
 
 from ..mixers.fnet import FnetAr
 from ..validation import check_int
+from .ffn import Ffn
 
 XL_MIXERS = ("attention", "fnet_ar")
 
@@ -91,7 +92,6 @@ class XlBlock(nn.Module):
             raise ValueError("Transformer-XL blocks are causal: use them with task='lm'")
         if mixer not in XL_MIXERS:
             raise ValueError(f"mixer must be one of {list(XL_MIXERS)}, got {mixer!r}")
-        check_int(ffn_expand, "ffn_expand")
         check_int(memory_length, "memory_length", minimum=0)
         self.memory_length = memory_length
         self.mixer_norm = nn.LayerNorm(dim)
@@ -105,7 +105,7 @@ class XlBlock(nn.Module):
             # (row 0 adds up W inputs) would swamp the pre-norm residual stream, so the output is normalized.
             self.mixed_norm = nn.LayerNorm(dim)
         self.ffn_norm = nn.LayerNorm(dim)
-        self.ffn = nn.Sequential(nn.Linear(dim, ffn_expand * dim), nn.GELU(), nn.Dropout(dropout), nn.Linear(ffn_expand * dim, dim))
+        self.ffn = Ffn(dim, ffn_expand, "gelu", dropout)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, memory: torch.Tensor | None = None, start: int = 0):

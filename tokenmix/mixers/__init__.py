@@ -1,26 +1,36 @@
 """Token mixers: (batch, length, dim) -> same shape; one file per family, a name registry."""
 
-from . import fd_tno, fnet, ski_tno, tno  # noqa: F401  (register the mixers)
+from . import attention, ema, fd_tno, fnet, ski_tno, tcn, tno  # noqa: F401  (register the mixers)
+from .attention import Attention, ChunkedAttention, RelativePosition
 from .base import Mixer, check_sequence, zero_padding
+from .ema import Ema
 from .fd_tno import FdTno
 from .fnet import Fnet, FnetAr
 from .registry import build_mixer, list_mixers, register_mixer
 from .rpe import PiecewiseLinearEncoder, RelativePositionEncoder
 from .ski_tno import SkiTno
+from .tcn import Tcn, dilation_for, receptive_field
 from .tno import Tno
 
 __all__ = [
+    "Attention",
+    "ChunkedAttention",
+    "Ema",
     "FdTno",
     "Fnet",
     "FnetAr",
     "Mixer",
     "PiecewiseLinearEncoder",
+    "RelativePosition",
     "RelativePositionEncoder",
     "SkiTno",
+    "Tcn",
     "Tno",
     "build_mixer",
     "check_sequence",
+    "dilation_for",
     "list_mixers",
+    "receptive_field",
     "register_mixer",
     "zero_padding",
 ]

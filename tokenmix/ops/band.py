@@ -54,7 +54,7 @@ def _filter_gradient(x: torch.Tensor, grad_y: torch.Tensor, min_lag: int, m: int
     Two batched matmuls over channel-major copies of g and x (no overlapping-window copy).
     """
     batch, n, d = x.shape
-    block = max(_FILTER_GRAD_BLOCK, m - 1)
+    block = max(min(_FILTER_GRAD_BLOCK, n), m - 1)  # short rows (dilation phases) get short blocks
     blocks = -(-n // block)
     max_lag = min_lag + m - 1
     grad = F.pad(grad_y, (0, 0, 0, blocks * block - n)).view(batch, blocks, block, d)

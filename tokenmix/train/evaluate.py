@@ -1,4 +1,4 @@
-"""Evaluation: cross-entropy, bits per byte (BPC = loss / ln 2) and perplexity.
+"""Evaluation: cross-entropy, bits per byte (BPC = loss / ln 2) and perplexity; recall accuracy.
 
 Windows of ``length`` tokens cover the split without overlap (no context carried across
 windows); the last window is padded and masked. Recurrent models (Transformer-XL family) read
@@ -77,3 +77,29 @@ def evaluate_mlm(
         return mask_tokens(inputs, mask_id, mask_id, generator)
 
     return _evaluate(model, data, length, batch_size, max_tokens, masked)
+
+
+@torch.no_grad()
+def evaluate_recall(model, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int = 32, max_examples: int | None = None) -> dict:
+    """Associative recall: loss and accuracy of the last position (the recalled value) only."""
+    if max_examples is not None:
+        inputs, targets = inputs[:max_examples], targets[:max_examples]
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    total, correct = 0.0, 0
+    for start in range(0, inputs.shape[0], batch_size):
+        logits = model(inputs[start : start + batch_size].to(device))[:, -1].float()
+        answers = targets[start : start + batch_size, -1].to(device)
+        total += float(F.cross_entropy(logits, answers, reduction="sum"))
+        correct += int((logits.argmax(-1) == answers).sum())
+    model.train(was_training)
+    count = inputs.shape[0]
+    return {"loss": total / count, "accuracy": correct / count, "examples": count}
+
+
+def describe(metrics: dict) -> str:
+    """One line: loss and accuracy (recall) or loss and BPC (language modelling)."""
+    if "accuracy" in metrics:
+        return f"loss {metrics['loss']:.4f}  accuracy {metrics['accuracy']:.2%}  ({metrics['examples']} examples)"
+    return f"loss {metrics['loss']:.4f}  bpc {metrics['bpc']:.4f}  ({metrics['tokens']} tokens)"

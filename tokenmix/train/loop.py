@@ -19,13 +19,15 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..data.batches import StreamBatches, lm_batch, mlm_batch, step_generator, step_seed
-from ..data.corpus import BYTE_VOCAB, load_corpus
+from ..data.corpus import BYTE_VOCAB
+from ..data.recall import AssociativeRecall
+from ..data.sources import DataSource, load_data
 from ..models.config import ModelConfig
 from ..models.model import SegmentState, SequenceModel
 from ..models.pretrained import save_pretrained
 from .checkpoint import CHECKPOINT_FILE, load_checkpoint, restore_rng_state, rng_state, save_checkpoint
 from .distributed import DistributedContext, init_distributed
-from .evaluate import evaluate_lm, evaluate_mlm
+from .evaluate import describe, evaluate_lm, evaluate_mlm, evaluate_recall
 from .schedule import SCHEDULES, lr_multiplier
 
 TRAIN_TASKS = ("lm", "mlm")
@@ -84,8 +86,9 @@ class TrainConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
-    def model_config(self) -> ModelConfig:
-        vocab = BYTE_VOCAB + (1 if self.task == "mlm" else 0)  # the mask token is id 256
+    def model_config(self, vocab_size: int = BYTE_VOCAB) -> ModelConfig:
+        """The model for data of ``vocab_size`` tokens (masked LM adds the mask token, id vocab_size)."""
+        vocab = vocab_size + (1 if self.task == "mlm" else 0)
         options = {"dropout": self.dropout, **self.options}
         return ModelConfig(self.model, self.task, vocab, self.dim, self.depth, None, options)
 
@@ -123,10 +126,15 @@ class Trainer:
         if config.threads:
             torch.set_num_threads(config.threads)
         self.device = resolve_device(config.device)
-        self.corpus = load_corpus(config.data)  # fails before any training on a bad path
+        self.data: DataSource = load_data(config.data, config.seq_len, config.seed)  # fails before any training on a bad path
+        self.recall = isinstance(self.data, AssociativeRecall)
+        if self.recall and config.task != "lm":
+            raise ValueError(f"data {config.data!r} is a next-token task: use --task lm")
         self.context: DistributedContext = init_distributed(self.device)
         torch.manual_seed(config.seed)
-        self.model = SequenceModel(config.model_config()).to(self.device)
+        self.model = SequenceModel(config.model_config(self.data.vocab_size)).to(self.device)
+        if self.recall and self.model.recurrent:
+            raise ValueError(f"data {config.data!r} needs a model that reads whole examples, not the segment-recurrent {config.model!r}")
         self.trained = self.model
         if self.context.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
@@ -140,7 +148,7 @@ class Trainer:
         self.streams = None
         if self.model.recurrent:
             rank, world = self.context.rank, self.context.world_size
-            self.streams = StreamBatches(self.corpus.train, config.batch_size, config.seq_len, rank, world)
+            self.streams = StreamBatches(self.data.train, config.batch_size, config.seq_len, rank, world)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._multiplier)
         if resume:
             self._resume()
@@ -194,9 +202,11 @@ class Trainer:
     # steps ----------------------------------------------------------------------------------
     def batch(self, step: int):
         generator = step_generator(self.config.seed, step, self.context.rank)
+        if self.recall:
+            return self.data.batch(self.config.batch_size, generator)
         if self.config.task == "mlm":
-            return mlm_batch(self.corpus.train, self.config.batch_size, self.config.seq_len, generator, BYTE_VOCAB)
-        return lm_batch(self.corpus.train, self.config.batch_size, self.config.seq_len, generator)
+            return mlm_batch(self.data.train, self.config.batch_size, self.config.seq_len, generator, BYTE_VOCAB)
+        return lm_batch(self.data.train, self.config.batch_size, self.config.seq_len, generator)
 
     def train_step(self) -> float:
         torch.manual_seed(step_seed(self.config.seed, self.step, self.context.rank) + 1)  # dropout, apart from batches
@@ -219,7 +229,10 @@ class Trainer:
         return loss.item()
 
     def evaluate(self, split: str = "val", max_tokens: int | None = None, length: int | None = None) -> dict:
-        data = self.corpus.split(split)
+        if self.recall:
+            examples = None if max_tokens is None else max(1, max_tokens // self.config.seq_len)
+            return evaluate_recall(self.model, *self.data.split(split), max_examples=examples)
+        data = self.data.split(split)
         length = length or self.config.seq_len
         if self.config.task == "mlm":
             return evaluate_mlm(self.model, data, length, BYTE_VOCAB, max_tokens=max_tokens, seed=self.config.seed)
@@ -264,7 +277,7 @@ class Trainer:
             if self.step % config.eval_every == 0 or self.step == self.total_steps:
                 metrics = self.evaluate("val", config.eval_tokens)
                 self.log({"step": self.step, "split": "val", **metrics})
-                bar.write(f"step {self.step}: val loss {metrics['loss']:.4f}, bpc {metrics['bpc']:.4f}")
+                bar.write(f"step {self.step}: val {describe(metrics)}")
                 self.save()
         bar.close()
         final = self.evaluate("val")

@@ -1,0 +1,84 @@
+"""The associative-recall data source and its training / evaluation path."""
+
+import pytest
+import torch
+
+from tokenmix.cli import main
+from tokenmix.data import AssociativeRecall, load_data, recall_examples, step_generator
+from tokenmix.data.recall import NO_OP, QUERY
+from tokenmix.train import TrainConfig, Trainer
+
+
+@pytest.mark.parametrize(("vocab", "length"), [(10, 64), (20, 1024), (4, 5), (7, 4)])
+def test_examples_follow_the_generator_rules(vocab, length):
+    tokens = recall_examples(50, vocab, length, torch.Generator().manual_seed(1))
+    assert tokens.shape == (50, length + 1)
+    keys = range(2, 2 + (vocab - 2) // 2)
+    body = tokens[:, length % 2 : -3]
+    assert (tokens[:, : length % 2] == NO_OP).all() and (tokens[:, -3] == QUERY).all()
+    for row, pairs in zip(tokens, body.view(50, -1, 2), strict=True):
+        assert all(int(k) in keys and int(v) >= keys.stop and int(v) < vocab for k, v in pairs)
+        mapping = {int(k): int(v) for k, v in pairs}
+        assert len({(int(k), int(v)) for k, v in pairs}) == len(mapping)  # one value per key within an example
+        assert mapping[int(row[-2])] == int(row[-1])  # the asked key occurred, and its value is the answer
+
+
+def test_splits_are_fixed_per_seed_and_apart_from_training():
+    task = AssociativeRecall(10, 64, seed=3, eval_examples=20)
+    val, test = task.split("val"), task.split("test")
+    assert torch.equal(val[0], task.split("val")[0]) and not torch.equal(val[0], test[0])
+    assert not torch.equal(test[0], AssociativeRecall(10, 64, seed=4, eval_examples=20).split("test")[0])
+    inputs, targets = task.batch(20, step_generator(3, 0))
+    assert inputs.shape == targets.shape == (20, 64) and torch.equal(inputs[:, 1:], targets[:, :-1])
+    assert not torch.equal(inputs, test[0])
+
+
+def test_data_argument_forms():
+    assert load_data("assoc-recall", 64).vocab_size == 10
+    assert load_data("assoc-recall:vocab=20", 128).length == 128
+    for bad in ("assoc-recall:size=20", "assoc-recall:vocab=x", "assoc-recall:vocab=3"):
+        with pytest.raises(ValueError, match="vocab"):
+            load_data(bad, 64)
+    with pytest.raises(ValueError, match="length"):
+        load_data("assoc-recall", 3)
+
+
+def test_training_on_recall_learns_and_reports_last_position_accuracy(tmp_path, capsys):
+    config = TrainConfig(
+        model="tcnca_simple", data="assoc-recall", dim=16, depth=1, seq_len=16, batch_size=8, steps=2,
+        warmup=0, eval_every=2, eval_tokens=160, out=str(tmp_path / "ar"), options={"chunk_size": 8},
+    )  # fmt: skip
+    trainer = Trainer(config, progress=False)
+    assert trainer.model.config.vocab_size == 10
+    assert trainer.evaluate("val", max_tokens=160)["examples"] == 10
+    final = trainer.run()
+    assert 0.0 <= final["accuracy"] <= 1.0 and final["examples"] == 1000
+    assert main(["eval", str(tmp_path / "ar"), "--split", "test", "--lengths", "16,32"]) == 0
+    out = capsys.readouterr().out
+    assert "accuracy" in out and "assoc-recall" in out and len([line for line in out.splitlines() if "1000" in line]) == 2
+
+
+def test_recall_accuracy_counts_the_last_position_only(tmp_path):
+    """A model that always outputs the right answer at the end scores 100 %, whatever it does before."""
+    from tokenmix.train.evaluate import evaluate_recall
+
+    inputs, targets = AssociativeRecall(10, 16, eval_examples=30).split("test")
+
+    class Oracle(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, tokens):
+            logits = torch.zeros(tokens.shape[0], tokens.shape[1], 10)  # wrong everywhere but at the end
+            logits[:, -1].scatter_(1, targets[:, -1:], 10.0)
+            return logits
+
+    assert evaluate_recall(Oracle(), inputs, targets, batch_size=30)["accuracy"] == 1.0
+
+
+@pytest.mark.parametrize(("overrides", "message"), [({"task": "mlm"}, "--task lm"), ({"model": "transformer_xl"}, "segment-recurrent")])
+def test_recall_rejects_tasks_and_models_it_cannot_serve(tmp_path, overrides, message):
+    config = TrainConfig(data="assoc-recall", dim=16, depth=1, seq_len=16, steps=1, out=str(tmp_path), **overrides)
+    with pytest.raises(ValueError, match=message):
+        Trainer(config, progress=False)

@@ -1,0 +1,104 @@
+"""Ops of paper 004 and MEGA: dilated convolution, damped EMA, chunked attention, rotary positions."""
+
+import pytest
+import torch
+from conftest import LENGTHS, relative_error
+
+from tokenmix.ops.attention import chunk_mask, chunked_attention, naive_attention, rotary
+from tokenmix.ops.dilated import dilated_conv, naive_dilated_conv
+from tokenmix.ops.ema import ema_kernel, naive_ema
+from tokenmix.ops.toeplitz import toeplitz_matvec
+
+
+def _gradients_agree(fast, slow, inputs, tolerance):
+    grad = torch.randn_like(fast)
+    pairs = zip(torch.autograd.grad(fast, inputs, grad), torch.autograd.grad(slow, inputs, grad), strict=True)
+    for a, b in pairs:
+        assert relative_error(a, b) < tolerance
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("dilation", [1, 3, 64])
+@pytest.mark.parametrize("min_lag", [0, -2])
+def test_dilated_conv_matches_the_tap_loop(n, dilation, min_lag):
+    x = torch.randn(2, n, 3, dtype=torch.float64, requires_grad=True)
+    taps = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    fast, slow = dilated_conv(x, taps, dilation, min_lag), naive_dilated_conv(x, taps, dilation, min_lag)
+    assert relative_error(fast, slow) < 1e-12
+    _gradients_agree(fast, slow, [x, taps], 1e-12)
+
+
+def test_dilated_conv_rejects_bad_arguments():
+    x = torch.randn(1, 10, 3)
+    with pytest.raises(ValueError, match="dilation"):
+        dilated_conv(x, torch.randn(3, 5), 0, 0)
+    with pytest.raises(ValueError, match="taps"):
+        dilated_conv(x, torch.randn(4, 5), 2, 0)
+    with pytest.raises(ValueError, match="min_lag"):
+        dilated_conv(x, torch.randn(3, 5), 2, 1)
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_ema_fft_convolution_equals_the_recurrence(n):
+    """k_d[l] = sum_j c b q^l applied by FFT == h_t = b x_t + q h_{t-1}, y_t = sum_j c h_t."""
+    d, ndim = 4, 3
+    input_weight = torch.randn(d, ndim, dtype=torch.float64, requires_grad=True)
+    decay = torch.rand(d, ndim, dtype=torch.float64).mul(0.3).add(0.69).requires_grad_()
+    readout = torch.randn(d, ndim, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(2, n, d, dtype=torch.float64, requires_grad=True)
+    fast = toeplitz_matvec(x, ema_kernel(input_weight, decay, readout, n), causal=True)
+    slow = naive_ema(x, input_weight, decay, readout)
+    assert relative_error(fast, slow) < 1e-12
+    _gradients_agree(fast, slow, [x, input_weight, decay, readout], 1e-10)
+
+
+def test_ema_kernel_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match="input_weight, decay and readout"):
+        ema_kernel(torch.ones(2, 3), torch.ones(2, 4), torch.ones(2, 3), 5)
+
+
+def _mask_for(n, chunk_size, causal, key_mask):
+    allowed = chunk_mask(n, chunk_size, causal)
+    if key_mask is None:
+        return allowed
+    return (allowed & key_mask[:, None, None, :]) | torch.eye(n, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("chunk_size", [None, 1, 32])
+@pytest.mark.parametrize("causal", [False, True])
+def test_chunked_attention_is_full_attention_under_a_block_mask(n, chunk_size, causal):
+    q, k = torch.randn(2, 2, n, 8, dtype=torch.float64, requires_grad=True), torch.randn(2, 2, n, 8, dtype=torch.float64)
+    v = torch.randn(2, 2, n, 5, dtype=torch.float64, requires_grad=True)
+    fast = chunked_attention(q, k, v, chunk_size, causal)
+    slow = naive_attention(q, k, v, chunk_mask(n, chunk_size, causal))
+    assert relative_error(fast, slow) < 1e-12
+    _gradients_agree(fast, slow, [q, v], 1e-10)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_chunked_attention_with_key_mask_and_relative_bias(causal, with_bias):
+    n, chunk = 100, 16
+    q, k, v = (torch.randn(2, 3, n, 8, dtype=torch.float64) for _ in range(3))
+    key_mask = torch.rand(2, n) < 0.7
+    table = torch.randn(2 * n - 1, dtype=torch.float64)
+
+    def bias(size):
+        return table[torch.arange(size)[:, None] - torch.arange(size)[None, :] + n - 1]
+
+    fast = chunked_attention(q, k, v, chunk, causal, key_mask, bias if with_bias else None)
+    slow = naive_attention(q, k, v, _mask_for(n, chunk, causal, key_mask), bias(n) if with_bias else None)
+    real = key_mask[:, None, :, None]
+    assert relative_error(fast * real, slow * real) < 1e-12
+    assert torch.isfinite(fast).all()
+
+
+def test_rotary_scores_depend_on_the_offset_only():
+    q, k = torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+    rotated_q, rotated_k = rotary(q.expand(20, 8)), rotary(k.expand(20, 8))
+    scores = rotated_q @ rotated_k.t()
+    for offset in (0, 3, -5):
+        diagonal = torch.diagonal(scores, offset)
+        torch.testing.assert_close(diagonal, diagonal[:1].expand_as(diagonal))
+    assert not torch.allclose(torch.diagonal(scores, 0)[:1], torch.diagonal(scores, 3)[:1])

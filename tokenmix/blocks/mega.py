@@ -1,0 +1,88 @@
+"""MEGA block (Ma et al. 2023, §3; references.md "MEGA EMA and block") and TCNCA's version of it
+(paper 004, §2 and Appendix C, Fig. 3), which replaces the damped EMA by a dilated TCN.
+
+Pre-norm, with h = LayerNorm(x):
+    v = SiLU(W_v h)                                   (width v_expand * d)
+    m = EMA(h) or TCN(h)                              (the ``sequence_mixer``)
+    u, z, r, h_x = split(W_m m)                       u = sigmoid(.), z, r = SiLU(.)
+    q = z * kappa_q + mu_q,  k = z * kappa_k + mu_k   (diagonal scale and offset of the shared z)
+    a = ChunkedAttention(q, k, v)                     single head, scale z_dim^-1/2, relative position
+    o = SiLU(h_x + W_h(a * r))
+    x = x + u * (o - x)                               (highway residual)
+followed by the normalized FFN x + FFN(LayerNorm(x)) with SiLU.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..mixers.attention import RelativePosition
+from ..mixers.registry import build_mixer
+from ..ops.attention import chunked_attention
+from ..validation import check_int
+from .ffn import Ffn
+
+SEQUENCE_MIXERS = ("ema", "tcn")
+
+
+def sequence_options(sequence_mixer: str, tcn_depth: int | None, options: dict) -> dict:
+    """The sequence mixer's options; ``tcn_depth`` becomes the TCN's ``depth`` (a model's depth is its layer count)."""
+    if tcn_depth is None:
+        return options
+    if sequence_mixer != "tcn":
+        raise ValueError(f"tcn_depth applies to a tcn sequence mixer, not {sequence_mixer!r}")
+    return {**options, "depth": tcn_depth}
+
+
+class MegaBlock(nn.Module):
+    def __init__(
+        self,
+        dim: int,
+        causal: bool,
+        sequence_mixer: str = "ema",
+        z_dim: int = 64,
+        v_expand: int = 2,
+        chunk_size: int | None = 128,
+        position: str = "rotary",
+        max_distance: int | None = None,
+        ffn_expand: int = 2,
+        dropout: float = 0.0,
+        tcn_depth: int | None = None,
+        **mixer_options,
+    ):
+        super().__init__()
+        if sequence_mixer not in SEQUENCE_MIXERS:
+            raise ValueError(f"sequence_mixer must be one of {list(SEQUENCE_MIXERS)}, got {sequence_mixer!r}")
+        self.z_dim = check_int(z_dim, "z_dim")
+        self.hidden = check_int(v_expand, "v_expand") * dim
+        if chunk_size is not None:
+            check_int(chunk_size, "chunk_size")
+        self.causal, self.chunk_size = causal, chunk_size
+        self.norm = nn.LayerNorm(dim)
+        self.value = nn.Linear(dim, self.hidden)
+        self.sequence = build_mixer(sequence_mixer, dim, causal, **sequence_options(sequence_mixer, tcn_depth, mixer_options))
+        self.gates = nn.Linear(dim, dim + z_dim + self.hidden + dim)  # u, z, r, h_x
+        self.qk_scale = nn.Parameter(torch.randn(2, z_dim) * 0.02)
+        self.qk_offset = nn.Parameter(torch.zeros(2, z_dim))
+        self.position = RelativePosition(position, max_distance or chunk_size or 1024)
+        if position == "rotary" and z_dim % 2:
+            raise ValueError(f"position='rotary' needs an even z_dim, got {z_dim}")
+        self.hidden_out = nn.Linear(self.hidden, dim)
+        self.dropout = nn.Dropout(dropout)
+        self.ffn_norm = nn.LayerNorm(dim)
+        self.ffn = Ffn(dim, ffn_expand, "silu", dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.norm(x)
+        v = F.silu(self.value(h))
+        m = self.dropout(self.sequence(h, mask))
+        u, z, r, h_x = self.gates(m).split([x.shape[-1], self.z_dim, self.hidden, x.shape[-1]], dim=-1)
+        z, r = F.silu(z), F.silu(r)
+        q, k = (z * self.qk_scale[i] + self.qk_offset[i] for i in range(2))
+        q, k = self.position.rotate(q[:, None], k[:, None])  # one head
+        attended = chunked_attention(q, k, v[:, None], self.chunk_size, self.causal, mask, self.position.bias_function())[:, 0]
+        o = F.silu(h_x + self.hidden_out(self.dropout(attended * r)))
+        x = torch.addcmul(x, torch.sigmoid(u), o - x)
+        return x + self.dropout(self.ffn(self.ffn_norm(x)))

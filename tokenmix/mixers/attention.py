@@ -1,0 +1,96 @@
+"""Softmax attention mixers, full and chunked (TCNCA paper 004, §2 and Appendix C; MEGA §3.3).
+
+``attention``: multi-head attention over the whole sequence. ``chunked_attention``: the same
+within non-overlapping blocks of ``chunk_size`` tokens (O(n c)). Both take any length (the last
+block is padded and masked, ``ops/attention.py``) and carry position by a relative scheme:
+``position="rotary"`` (RoPE, as TCNCA on enwik8), ``"bias"`` (a learned scalar per offset, MEGA's
+simple relative bias; offsets beyond ``max_distance`` share the last value) or ``"none"``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..ops.attention import chunked_attention, rotary
+from ..validation import check_int
+from .base import Mixer, check_sequence, zero_padding
+from .registry import register_mixer
+
+POSITIONS = ("rotary", "bias", "none")
+
+
+class RelativePosition(nn.Module):
+    """Position for attention: rotary on queries and keys, or a learned bias b[i - j] on scores."""
+
+    def __init__(self, position: str = "rotary", max_distance: int = 1024):
+        super().__init__()
+        if position not in POSITIONS:
+            raise ValueError(f"position must be one of {list(POSITIONS)}, got {position!r}")
+        self.position = position
+        self.max_distance = check_int(max_distance, "max_distance")
+        self.table = nn.Parameter(torch.randn(2 * max_distance - 1) * 0.02) if position == "bias" else None
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (rotary(q), rotary(k)) if self.position == "rotary" else (q, k)
+
+    def bias(self, size: int) -> torch.Tensor:
+        """(size, size) learned bias by offset i - j, clamped to +-(max_distance - 1)."""
+        positions = torch.arange(size, device=self.table.device)
+        offsets = (positions[:, None] - positions[None, :]).clamp(-(self.max_distance - 1), self.max_distance - 1)
+        return self.table[offsets + self.max_distance - 1]
+
+    def bias_function(self):
+        return self.bias if self.table is not None else None
+
+    def extra_repr(self) -> str:
+        return f"position={self.position!r}" + (f", max_distance={self.max_distance}" if self.table is not None else "")
+
+
+@register_mixer("attention")
+class Attention(Mixer):
+    """Multi-head softmax attention (name ``attention``); ``chunk_size`` None sees the whole sequence."""
+
+    def __init__(
+        self,
+        dim: int,
+        causal: bool = False,
+        *,
+        heads: int = 4,
+        chunk_size: int | None = None,
+        position: str = "rotary",
+        max_distance: int | None = None,
+    ):
+        super().__init__(dim, causal)
+        check_int(heads, "heads")
+        if dim % heads:
+            raise ValueError(f"dim={dim} must be divisible by heads={heads}")
+        if chunk_size is not None:
+            check_int(chunk_size, "chunk_size")
+        self.heads, self.chunk_size = heads, chunk_size
+        self.query_key_value = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+        self.position = RelativePosition(position, max_distance or chunk_size or 1024)
+        if position == "rotary" and (dim // heads) % 2:
+            raise ValueError(f"position='rotary' needs an even head width dim / heads, got {dim // heads}")
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        check_sequence(x, self.dim, mask)
+        batch, n, _ = x.shape
+        heads = self.query_key_value(zero_padding(x, mask)).view(batch, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        q, k = self.position.rotate(heads[0], heads[1])
+        mixed = chunked_attention(q, k, heads[2], self.chunk_size, self.causal, mask, self.position.bias_function())
+        return self.out(mixed.transpose(1, 2).reshape(batch, n, self.dim))
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, causal={self.causal}, heads={self.heads}, chunk_size={self.chunk_size}"
+
+
+@register_mixer("chunked_attention")
+class ChunkedAttention(Attention):
+    """Attention within blocks of ``chunk_size`` tokens (name ``chunked_attention``, default 128)."""
+
+    def __init__(self, dim: int, causal: bool = False, *, chunk_size: int = 128, **options):
+        if chunk_size is None:
+            raise ValueError("chunk_size must be an integer >= 1 for chunked_attention (use 'attention' for full attention)")
+        super().__init__(dim, causal, chunk_size=chunk_size, **options)

@@ -1,0 +1,74 @@
+"""MEGA's multi-dimensional damped EMA mixer (Ma et al. 2023, §3.1; references.md "MEGA EMA").
+
+Per channel d and expansion index j (``ndim`` = N): p = sigmoid(delta) is the input weight,
+q = 1 - p sigmoid(a) the decay, and the kernel is k_d[l] = sum_j gamma_dj N^-1/2 p_dj beta_dj q_dj^l
+(``ops/ema.py``). Output SiLU(k * x + omega x). Bidirectional: a second set of parameters runs
+over the reversed sequence and the two kernels are summed (lag 0 counted in both).
+Training applies the kernel by FFT with the kernel generated at every call (kernel generation
+included, as in the paper's runtime study); ``naive_forward`` is the recurrence, for tests.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..ops.ema import ema_kernel, naive_ema
+from ..ops.fft import spectral_dtype
+from ..ops.toeplitz import toeplitz_matvec
+from ..validation import check_int
+from .base import Mixer
+from .registry import register_mixer
+
+
+@register_mixer("ema")
+class Ema(Mixer):
+    """Damped EMA (name ``ema``), option ``ndim`` (N, default 16)."""
+
+    fft_based = True
+
+    def __init__(self, dim: int, causal: bool = False, *, ndim: int = 16):
+        super().__init__(dim, causal)
+        self.ndim = check_int(ndim, "ndim")
+        directions = 1 if self.causal else 2
+        shape = (directions, dim, ndim)
+        self.delta = nn.Parameter(torch.randn(shape) * 0.2)
+        self.alpha = nn.Parameter(torch.randn(shape) * 0.2)
+        signs = torch.tensor([(-1.0) ** j for j in range(ndim)])
+        self.beta = nn.Parameter(torch.randn(shape) * 0.02 + signs)
+        self.gamma = nn.Parameter(torch.randn(shape))
+        self.omega = nn.Parameter(torch.randn(dim))
+
+    def coefficients(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(input weight p beta, decay q, readout gamma / sqrt(N)), each (directions, dim, ndim).
+
+        Computed in float32 (float64 stays float64): q^l over long lags needs the precision.
+        """
+        delta, alpha, beta, gamma = (t.to(spectral_dtype(t.dtype)) for t in (self.delta, self.alpha, self.beta, self.gamma))
+        p = torch.sigmoid(delta)
+        return p * beta, 1.0 - p * torch.sigmoid(alpha), gamma / math.sqrt(self.ndim)
+
+    def kernel(self, n: int) -> torch.Tensor:
+        """By lag: (n, dim) for lags 0..n-1 (causal) or (2n - 1, dim) for -(n-1)..n-1."""
+        kernels = ema_kernel(*self.coefficients(), n)  # (directions, n, dim)
+        if self.causal:
+            return kernels[0]
+        zeros = kernels.new_zeros(n - 1, self.dim)
+        return torch.cat([zeros, kernels[0]], dim=0) + torch.cat([kernels[1].flip(0), zeros], dim=0)
+
+    def mix(self, x: torch.Tensor) -> torch.Tensor:
+        return F.silu(toeplitz_matvec(x, self.kernel(x.shape[1]), self.causal) + self.omega.to(x.dtype) * x)
+
+    def naive_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Reference: the recurrence, forward (and over the reversed sequence); tests only."""
+        input_weight, decay, readout = self.coefficients()
+        y = naive_ema(x, input_weight[0], decay[0], readout[0])
+        if not self.causal:
+            y = y + naive_ema(x.flip(1), input_weight[1], decay[1], readout[1]).flip(1)
+        return F.silu(y + self.omega * x)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, causal={self.causal}, ndim={self.ndim}"

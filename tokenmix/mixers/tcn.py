@@ -1,0 +1,109 @@
+"""Temporal convolutional network, TCN (TCNCA paper 004, §2, Fig. 1b-c, Appendix E).
+
+D residual blocks; block i holds B depthwise convolutions of K taps with dilation f^i, each
+followed by the activation, and adds its input back: x <- x + act(conv_B(... act(conv_1(x)))).
+Causal blocks look back only (left padding); bidirectional ones are centred. The output at i
+depends on a window of
+
+    receptive_field = 1 + B (K - 1) (f^D - 1) / (f - 1)      (f = 1: 1 + B (K - 1) D)
+
+inputs. ``dilation_factor="auto"`` grows f with each input's length until that window covers the
+sequence, as the paper's runtime study does (Appendix H); ``receptive_field=R`` fixes f once, the
+smallest f whose window reaches R. Cost O(n d D B K), linear in the length.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..ops.activations import get_activation
+from ..ops.dilated import dilated_conv
+from ..validation import check_int
+from .base import Mixer, check_sequence, zero_padding
+from .registry import register_mixer
+
+
+def receptive_field(kernel_size: int, dilation_factor: int, depth: int, convs_per_block: int = 1) -> int:
+    """1 + B (K - 1) (f^D - 1) / (f - 1): inputs one TCN output depends on (Appendix E)."""
+    reach = depth if dilation_factor == 1 else (dilation_factor**depth - 1) // (dilation_factor - 1)
+    return 1 + convs_per_block * (kernel_size - 1) * reach
+
+
+def dilation_for(target: int, kernel_size: int, depth: int, convs_per_block: int = 1) -> int:
+    """The smallest dilation factor f >= 1 whose receptive field is >= ``target``."""
+    check_int(target, "receptive_field")
+    if kernel_size == 1:
+        if target > 1:
+            raise ValueError(f"kernel_size=1 sees one token; receptive_field={target} is out of reach")
+        return 1
+    factor = 1
+    while receptive_field(kernel_size, factor, depth, convs_per_block) < target:
+        factor += 1
+    return factor
+
+
+@register_mixer("tcn")
+class Tcn(Mixer):
+    """Dilated depthwise TCN (name ``tcn``); see the module docstring for the options."""
+
+    def __init__(
+        self,
+        dim: int,
+        causal: bool = False,
+        *,
+        kernel_size: int = 5,
+        dilation_factor: int | str = 4,
+        depth: int = 4,
+        convs_per_block: int = 1,
+        receptive_field: int | None = None,
+        activation: str = "gelu",
+    ):
+        super().__init__(dim, causal)
+        self.kernel_size = check_int(kernel_size, "kernel_size")
+        self.depth = check_int(depth, "depth")
+        self.convs_per_block = check_int(convs_per_block, "convs_per_block")
+        if receptive_field is not None:
+            dilation_factor = dilation_for(receptive_field, kernel_size, depth, convs_per_block)
+        elif dilation_factor != "auto":
+            check_int(dilation_factor, "dilation_factor (or 'auto')")
+        self.dilation_factor = dilation_factor
+        self.act = get_activation(activation)
+        self.min_lag = 0 if self.causal else -(kernel_size // 2)
+        convs = depth * convs_per_block
+        bound = 1.0 / math.sqrt(kernel_size)  # PyTorch's conv default: fan-in K per channel
+        self.taps = nn.Parameter(torch.empty(convs, dim, kernel_size).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(convs, dim).uniform_(-bound, bound))
+
+    def factor_for(self, n: int) -> int:
+        """The dilation factor used at length n."""
+        if self.dilation_factor == "auto":
+            return dilation_for(n, self.kernel_size, self.depth, self.convs_per_block)
+        return self.dilation_factor
+
+    @property
+    def receptive_field(self) -> int | None:
+        """Inputs one output depends on (None with ``dilation_factor="auto"``: see ``factor_for``)."""
+        if self.dilation_factor == "auto":
+            return None
+        return receptive_field(self.kernel_size, self.dilation_factor, self.depth, self.convs_per_block)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Padding is zeroed before every convolution: a bias must not carry it to real tokens."""
+        check_sequence(x, self.dim, mask)
+        factor = self.factor_for(x.shape[1])
+        taps, bias = self.taps.to(x.dtype), self.bias.to(x.dtype)
+        for block in range(self.depth):
+            h = x
+            for conv in range(block * self.convs_per_block, (block + 1) * self.convs_per_block):
+                h = self.act(dilated_conv(zero_padding(h, mask), taps[conv], factor**block, self.min_lag) + bias[conv])
+            x = x + h
+        return zero_padding(x, mask)
+
+    def extra_repr(self) -> str:
+        return (
+            f"dim={self.dim}, causal={self.causal}, kernel_size={self.kernel_size}, dilation_factor={self.dilation_factor}, "
+            f"depth={self.depth}, convs_per_block={self.convs_per_block}, receptive_field={self.receptive_field}"
+        )

@@ -1,0 +1,45 @@
+"""Multi-dimensional damped EMA (MEGA, Ma et al. 2023, §3.1; the baseline of TCNCA paper 004).
+
+Per channel d with N expansion dimensions j, input weights b_dj, decays q_dj in (0, 1) and
+readout weights c_dj, the recurrence
+
+    h_t = b * x_t + q * h_{t-1},   y_t = sum_j c_j h_t[j]
+
+unrolls to a causal convolution y = k * x with k_d[l] = sum_j c_dj b_dj q_dj^l. Training applies
+it by FFT (``ops/toeplitz.py``) with the kernel generated for every lag: O(d N n + d n log n).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _check_ema(input_weight: torch.Tensor, decay: torch.Tensor, readout: torch.Tensor) -> None:
+    if input_weight.dim() < 2 or decay.shape != input_weight.shape or readout.shape != input_weight.shape:
+        shapes = [tuple(t.shape) for t in (input_weight, decay, readout)]
+        raise ValueError(f"input_weight, decay and readout must share one (..., channels, ndim) shape, got {shapes}")
+
+
+def ema_kernel(input_weight: torch.Tensor, decay: torch.Tensor, readout: torch.Tensor, n: int) -> torch.Tensor:
+    """k[l, d] = sum_j c_dj b_dj q_dj^l for lags l = 0 .. n-1, q^l = exp(l log q).
+
+    Coefficients (..., channels, ndim) -> kernel (..., n, channels).
+    """
+    _check_ema(input_weight, decay, readout)
+    lags = torch.arange(n, device=decay.device, dtype=decay.dtype)
+    powers = torch.exp(decay.log()[..., None] * lags)  # (..., d, N, n)
+    return torch.einsum("...dj,...djl->...ld", readout * input_weight, powers)
+
+
+def naive_ema(x: torch.Tensor, input_weight: torch.Tensor, decay: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
+    """Reference: the recurrence as a Python loop over time; x (batch, n, d) -> y (batch, n, d).
+
+    Coefficients (channels, ndim).
+    """
+    _check_ema(input_weight, decay, readout)
+    state = x.new_zeros(x.shape[0], *decay.shape)
+    outputs = []
+    for t in range(x.shape[1]):
+        state = input_weight * x[:, t, :, None] + decay * state
+        outputs.append((readout * state).sum(-1))
+    return torch.stack(outputs, dim=1)
