@@ -40,7 +40,7 @@ def check_record(record: dict) -> None:
 
 
 def test_tiny_bench_run_writes_valid_json_plots_and_report(tmp_path, capsys):
-    output, plots, report = tmp_path / "new" / "bench.json", tmp_path / "plots", tmp_path / "bench.md"
+    output, plots, report = tmp_path / "new" / "bench.json", tmp_path / "plots", tmp_path / "report" / "bench.md"
     sizes = ["--dim", "8", "--model-dim", "8", "--batch-tokens", "64", "--repeats", "1"]
     arguments = ["bench", "--mixers", "tno", "--models", "tnn", "--lengths", "8,32", "--causal", "yes", *sizes]
     assert main([*arguments, "--output", str(output), "--plot", str(plots), "--report", str(report)]) == 0
@@ -51,7 +51,7 @@ def test_tiny_bench_run_writes_valid_json_plots_and_report(tmp_path, capsys):
     assert {r["kind"] for r in records} == {"mixer", "layer", "model"}
     assert sorted(p.name for p in plots.iterdir()) == ["memory.png", "ratios.png", "time_vs_length.png"]
     text = report.read_text()
-    assert "tokenmix bench" in text and "## Reading" in text and "## The papers" in text and "](plots/ratios.png)" in text
+    assert "tokenmix bench" in text and "## Reading" in text and "## The papers" in text and "](../plots/ratios.png)" in text
     assert "fwdbwd_ratio_to_fft" in capsys.readouterr().out
 
 

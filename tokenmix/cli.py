@@ -119,6 +119,8 @@ def run_eval(args) -> int:
     for row in rows:  # length extrapolation: how the loss changes against the first length
         row["loss_vs_first"] = row["loss"] / rows[0]["loss"] - 1.0
     shown = [{**row, "loss_vs_first": f"{row['loss_vs_first']:+.2%}"} for row in rows]
+    if "accuracy" in rows[0]:
+        shown = [{**row, "accuracy": f"{row['accuracy']:.2%}"} for row in shown]
     columns = ["length", "loss", "accuracy", "examples"] if "accuracy" in rows[0] else ["length", "loss", "bpc", "ppl", "tokens"]
     print(format_table(shown, [*columns, "loss_vs_first"]))
     if args.json:

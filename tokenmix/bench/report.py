@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -187,7 +188,7 @@ def markdown_report(records: list[dict], command: str, machine: str, plot_paths:
             dims = sorted({r["dim"] for r in rows})
             parts += [f"## {kind.capitalize()}s (dim {', '.join(map(str, dims))})", "", format_table(rows, columns), ""]
     parts += ["## Plots", ""]
-    parts += [f"![{path.stem}]({Path(path).resolve().relative_to(report_dir)})" for path in plot_paths]
+    parts += [f"![{Path(path).stem}]({os.path.relpath(Path(path).resolve(), report_dir)})" for path in plot_paths]
     parts += ["", "## The papers' claims", ""]
     parts += [f"- {claim}" for claim in CLAIMS]
     parts += ["", "## Reading (computed from the tables above)", ""]

@@ -78,6 +78,7 @@ class _BandConvolution(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y):
+        grad_y = grad_y.contiguous()  # autograd may hand in a strided view, which oneDNN would reorder slowly
         x, taps = ctx.saved_tensors
         m, min_lag = taps.shape[1], ctx.min_lag
         grad_x = grad_taps = None

@@ -40,7 +40,7 @@ def dilated_conv(x: torch.Tensor, taps: torch.Tensor, dilation: int, min_lag: in
     if dilation == 1:
         return band_matvec(x, taps, min_lag)
     phases = F.pad(x, (0, 0, 0, rows * dilation - n)).view(batch, rows, dilation, d)
-    phases = phases.transpose(1, 2).reshape(batch * dilation, rows, d)
+    phases = phases.transpose(1, 2).reshape(batch * dilation, rows, d).contiguous()  # batch 1 would stay a strided view
     y = band_matvec(phases, taps, min_lag)
     return y.view(batch, dilation, rows, d).transpose(1, 2).reshape(batch, rows * dilation, d)[:, :n]
 
