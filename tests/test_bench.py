@@ -64,6 +64,17 @@ def test_measure_in_process_and_reading():
     assert any("grows 1.00x" in line for line in lines)  # twice the time for twice the tokens
 
 
+def test_reading_compares_names_and_judges_only_the_toeplitz_targets():
+    base = {"kind": "mixer", "causal": True, "length": 8192, "batch": 1, "fft_floor_ms": None, "tokens_per_s": 1.0}
+    tcn = {**base, "mixer": "tcn", "forward_ms": 2.0, "forward_backward_ms": 10.0, "peak_mem_mb": 100.0}
+    ema = {**base, "mixer": "ema", "forward_ms": 20.0, "forward_backward_ms": 25.0, "peak_mem_mb": 150.0, "fft_floor_ms": 4.0}
+    ema.update(fwd_ratio_to_fft=5.0, fwdbwd_ratio_to_fft=6.25)
+    lines = reading([tcn, ema])
+    assert "relative to tcn: ema 2.50x time, 1.50x memory (eval forward 10.00x time)." in lines[-1]
+    assert any("ema mixer (causal), lengths 8192: eval forward 5.00x the FFT round trip;" in line for line in lines)
+    assert not any("target" in line for line in lines)
+
+
 def test_cases_skip_modes_a_mixer_or_model_lacks():
     arguments = Namespace(
         mixers=None, models=None, kinds=["mixer", "layer", "model"], causal="both", lengths=[64],

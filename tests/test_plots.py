@@ -2,6 +2,7 @@ import pytest
 import torch
 
 import tokenmix
+from tokenmix.ops.ema import naive_ema
 from tokenmix.plots import operator_panels, plot_fd_responses, plot_operators
 
 
@@ -10,7 +11,7 @@ def test_fd_response_figure_is_written(tmp_path):
     assert path.exists() and path.stat().st_size > 1000
 
 
-@pytest.mark.parametrize("name", ["tnn", "ski_tnn", "fd_tnn"])
+@pytest.mark.parametrize("name", ["tnn", "ski_tnn", "fd_tnn", "mega"])
 def test_operator_figures_for_every_toeplitz_layer(tmp_path, name):
     model = tokenmix.build_model(name, task="mlm", vocab_size=10, dim=8, depth=2)
     files = plot_operators(model, tmp_path, n=32)
@@ -27,3 +28,16 @@ def test_models_without_toeplitz_mixers_are_refused(tmp_path):
     model = tokenmix.build_model("transformer_xl", vocab_size=10, dim=8, depth=1)
     with pytest.raises(ValueError, match="Toeplitz"):
         plot_operators(model, tmp_path)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_ema_panel_is_the_operator_of_its_recurrence(causal):
+    """Column j of the pictured T is the linear EMA's response to a unit impulse at j."""
+    mixer = tokenmix.build_mixer("ema", 2, causal, ndim=3).double()
+    matrix = operator_panels(mixer, 12, channel=1)["T"]
+    input_weight, decay, readout = mixer.coefficients()
+    impulses = torch.eye(12, dtype=torch.float64)[:, :, None].expand(12, 12, 2)  # row j: impulse at j
+    response = naive_ema(impulses, input_weight[0], decay[0], readout[0])
+    if not causal:
+        response = response + naive_ema(impulses.flip(1), input_weight[1], decay[1], readout[1]).flip(1)
+    torch.testing.assert_close(matrix, response[:, :, 1].t())

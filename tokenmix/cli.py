@@ -84,8 +84,8 @@ def run_train(args) -> int:
 
 
 def _add_eval(subparsers) -> None:
-    parser = subparsers.add_parser("eval", help="loss / BPC of a checkpoint at one or more lengths")
-    parser.add_argument("checkpoint", help="checkpoint.pt or its run directory")
+    parser = subparsers.add_parser("eval", help="loss / BPC (recall: accuracy) of checkpoints at one or more lengths")
+    parser.add_argument("checkpoint", nargs="+", help="checkpoint.pt or its run directory; several give one table")
     parser.add_argument("--split", default="test", choices=["train", "val", "test"])
     parser.add_argument(
         "--lengths", type=parse_lengths, default=None, help="comma-separated, e.g. 512,1024,2048,4096 (default: the training length)"
@@ -108,33 +108,55 @@ def _evaluate_at(model, train_config: dict, length: int, args) -> dict:
     return evaluate_lm(model, data, length, args.batch_size, args.max_tokens)
 
 
-def run_eval(args) -> int:
-    model, train_config = model_from_checkpoint(args.checkpoint, args.device)
+def _evaluate_run(checkpoint: str, args) -> dict:
+    """One checkpoint at every requested length: its description and a row per length."""
+    model, train_config = model_from_checkpoint(checkpoint, args.device)
     lengths = args.lengths or [train_config["seq_len"]]
     rows = [{"length": length, **_evaluate_at(model, train_config, length, args)} for length in lengths]
-    source, trained_at = train_config["data"], train_config["seq_len"]
-    reading = "contiguous streams, memory carried across segments" if model.recurrent else "independent windows"
-    print(f"{model.config.name} ({model.config.task}, {model.num_parameters():,} parameters) on the {args.split} split of {source}")
-    print(f"trained at length {trained_at}; evaluated on {reading}")
     for row in rows:  # length extrapolation: how the loss changes against the first length
         row["loss_vs_first"] = row["loss"] / rows[0]["loss"] - 1.0
+    return {
+        "checkpoint": str(checkpoint),
+        "model": model.config.name,
+        "task": model.config.task,
+        "parameters": model.num_parameters(),
+        "data": train_config["data"],
+        "split": args.split,
+        "train_length": train_config["seq_len"],
+        "recurrent": model.recurrent,
+        "results": rows,
+    }
+
+
+def _shown(rows: list[dict]) -> tuple[list[dict], list[str]]:
+    """Rows formatted for the table (percentages) and the metric columns they have."""
     shown = [{**row, "loss_vs_first": f"{row['loss_vs_first']:+.2%}"} for row in rows]
     if "accuracy" in rows[0]:
         shown = [{**row, "accuracy": f"{row['accuracy']:.2%}"} for row in shown]
-    columns = ["length", "loss", "accuracy", "examples"] if "accuracy" in rows[0] else ["length", "loss", "bpc", "ppl", "tokens"]
-    print(format_table(shown, [*columns, "loss_vs_first"]))
+        return shown, ["length", "loss", "accuracy", "examples", "loss_vs_first"]
+    return shown, ["length", "loss", "bpc", "ppl", "tokens", "loss_vs_first"]
+
+
+def run_eval(args) -> int:
+    results = [_evaluate_run(checkpoint, args) for checkpoint in args.checkpoint]
+    if len(results) == 1:
+        (result,) = results
+        reading = "contiguous streams, memory carried across segments" if result["recurrent"] else "independent windows"
+        print(f"{result['model']} ({result['task']}, {result['parameters']:,} parameters) on the {args.split} split of {result['data']}")
+        print(f"trained at length {result['train_length']}; evaluated on {reading}")
+        shown, columns = _shown(result["results"])
+        print(format_table(shown, columns))
+    else:
+        print(f"{len(results)} runs on the {args.split} split")
+        table = []
+        for result in results:
+            shown, columns = _shown(result["results"])
+            described = {"run": result["checkpoint"], "model": result["model"], "parameters": result["parameters"]}
+            table += [{**described, **row} for row in shown]
+        print(format_table(table, ["run", "model", "parameters", *columns]))
     if args.json:
-        result = {
-            "checkpoint": str(args.checkpoint),
-            "model": model.config.name,
-            "task": model.config.task,
-            "parameters": model.num_parameters(),
-            "split": args.split,
-            "train_length": train_config["seq_len"],
-            "results": rows,
-        }
         with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=2)
+            json.dump(results[0] if len(results) == 1 else results, handle, indent=2)
     return 0
 
 

@@ -3,7 +3,8 @@
 - ``plot_fd_responses``: frequency and impulse responses of randomly initialised FD RPEs for
   each activation; smoother activations decay faster in time (Theorems 2-4).
 - ``plot_operators``: heatmaps of every Toeplitz mixer of a model (TNO: T; SKI-TNO: its band,
-  its low-rank W A W^T and their sum; FD-TNO: T), plus FD responses when the model has any.
+  its low-rank W A W^T and their sum; FD-TNO: T; MEGA's damped EMA: its kernel as T), plus FD
+  responses when the model has any.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
+from .mixers.ema import Ema  # noqa: E402
 from .mixers.fd_tno import FdTno, rfft_frequencies  # noqa: E402
 from .mixers.registry import build_mixer  # noqa: E402
 from .mixers.ski_tno import SkiTno  # noqa: E402
@@ -23,7 +25,7 @@ from .mixers.tno import Tno  # noqa: E402
 from .ops.fft import fast_fft_size  # noqa: E402
 from .ops.toeplitz import naive_toeplitz_matrix  # noqa: E402
 
-TOEPLITZ_MIXERS = (Tno, SkiTno, FdTno)
+TOEPLITZ_MIXERS = (Tno, SkiTno, FdTno, Ema)
 
 
 def _impulse_magnitude(mixer: FdTno, n: int) -> torch.Tensor:
@@ -67,7 +69,7 @@ def plot_operators(model: torch.nn.Module, out_dir, n: int = 256, channel: int =
     out_dir = Path(out_dir)
     mixers = [(name, m) for name, m in model.named_modules() if isinstance(m, TOEPLITZ_MIXERS)]
     if not mixers:
-        raise ValueError("the model has no Toeplitz mixer (tno, ski_tno, fd_tno) to plot")
+        raise ValueError("the model has no Toeplitz mixer (tno, ski_tno, fd_tno, ema) to plot")
     files = []
     for index, (name, mixer) in enumerate(mixers):
         panels = operator_panels(mixer, n, channel)

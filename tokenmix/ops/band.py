@@ -1,11 +1,16 @@
-"""Banded Toeplitz product: a depthwise 1-D convolution (SKI-TNN paper 000, §3.2, the sparse part).
+"""Banded Toeplitz product: a depthwise 1-D convolution, optionally dilated (SKI-TNN paper 000,
+§3.2, the sparse part; TCNCA paper 004, §2, the TCN's layers).
 
-Per channel y_i = sum_{l = l0}^{l0 + m - 1} f_l x_{i - l} with x zero outside [0, n): a Toeplitz
-matrix with m non-zero diagonals, lags l0 ... l0 + m - 1 (centred: l0 = -(m - 1)/2; causal: l0 = 0).
+Per channel y_i = sum_{k=0}^{m-1} f_k x_{i - (l0 + k) delta} with x zero outside [0, n): a Toeplitz
+matrix with m non-zero diagonals at lags (l0 + k) delta (centred: l0 = -(m - 1)/2; causal: l0 = 0;
+delta the dilation, 1 for a plain band).
 
-Forward and input gradient run as oneDNN depthwise convolutions on the (batch, length, channels)
-layout as is (channels-last); the filter gradient, which PyTorch computes slowly for depthwise
-convolutions on CPU, is a batched matmul over length blocks.
+With x padded to R delta tokens, the (batch, length, channels) tensor is, as it lies in memory,
+the channels-last image (batch, channels, R, delta): token i = a delta + r sits at row a, column
+r, and the dilated convolution is an undilated one down the rows, y[a, r] = sum_k f_k x[a - l0 - k, r].
+Forward and input gradient run as oneDNN depthwise convolutions on that view, without copies;
+the filter gradient, which PyTorch computes slowly for depthwise convolutions on CPU, is a batched
+matmul over row blocks of channel-major copies.
 """
 
 from __future__ import annotations
@@ -13,16 +18,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-_FILTER_GRAD_BLOCK = 64  # length block of the filter gradient (measured best on 2 CPU cores)
+_FILTER_GRAD_BLOCK = 64  # row block of the filter gradient (measured best on 2 CPU cores)
 
 
-def _check_band(x: torch.Tensor, taps: torch.Tensor, min_lag: int) -> None:
+def _check_band(x: torch.Tensor, taps: torch.Tensor, min_lag: int, dilation: int) -> None:
     if x.dim() != 3:
         raise ValueError(f"x must be (batch, length, channels), got shape {tuple(x.shape)}")
     if taps.dim() != 2 or taps.shape[0] != x.shape[2]:
         raise ValueError(f"taps must be (channels={x.shape[2]}, filter_size), got shape {tuple(taps.shape)}")
     if not -(taps.shape[1] - 1) <= min_lag <= 0:
         raise ValueError(f"min_lag must be in [-(filter_size - 1), 0] so the band covers lag 0, got {min_lag}")
+    if isinstance(dilation, bool) or not isinstance(dilation, int) or dilation < 1:
+        raise ValueError(f"dilation must be an integer >= 1, got {dilation!r}")
 
 
 def as_image(x: torch.Tensor) -> torch.Tensor:
@@ -36,33 +43,53 @@ def from_image(image: torch.Tensor) -> torch.Tensor:
     return image[:, :, 0, :].transpose(1, 2)
 
 
-def _band_forward(x: torch.Tensor, taps: torch.Tensor, min_lag: int) -> torch.Tensor:
+def _phase_image(x: torch.Tensor, dilation: int) -> torch.Tensor:
+    """(batch, n, d) -> the channels-last view (batch, d, R, dilation), x zero-padded to R * dilation tokens."""
+    batch, n, d = x.shape
+    rows = -(-n // dilation)
+    if rows * dilation != n:
+        x = F.pad(x, (0, 0, 0, rows * dilation - n))
+    return x.contiguous().view(batch, rows, dilation, d).permute(0, 3, 1, 2)
+
+
+def _band_forward(x: torch.Tensor, taps: torch.Tensor, min_lag: int, dilation: int) -> torch.Tensor:
     """The convolution itself (no autograd of its own): (batch, n, d) -> (batch, n, d)."""
-    n, m = x.shape[1], taps.shape[1]
-    left, right = min_lag + m - 1, -min_lag  # conv2d correlates: out_i = sum_k w_k x_{i + k - left}
-    pad = max(left, right)
-    weight = taps.flip(1)[:, None, None, :].to(x.dtype)
-    out = F.conv2d(as_image(x), weight, padding=(0, pad), groups=x.shape[2])
-    return from_image(out[..., pad - left : pad - left + n])
+    batch, n, d = x.shape
+    m = taps.shape[1]
+    image = _phase_image(x, dilation)
+    rows = image.shape[2]
+    above, below = min_lag + m - 1, -min_lag  # conv2d correlates: out_a = sum_k w_k x_{a + k - above}
+    pad = max(above, below)
+    weight = taps.flip(1)[:, None, :, None].to(x.dtype)
+    out = F.conv2d(image, weight, padding=(pad, 0), groups=d)[:, :, pad - above : pad - above + rows]
+    return out.permute(0, 2, 3, 1).reshape(batch, rows * dilation, d)[:, :n]
 
 
-def _filter_gradient(x: torch.Tensor, grad_y: torch.Tensor, min_lag: int, m: int) -> torch.Tensor:
-    """dL/df_l = sum_{b, i} g_i x_{i - l}, as (d, m), by length blocks of B per channel.
+def _channel_major(image: torch.Tensor, before: int, after: int) -> torch.Tensor:
+    """(batch, d, R, delta) image -> contiguous (d, batch * delta, before + R + after): rows per phase, zero-padded."""
+    batch, d, rows, dilation = image.shape
+    major = F.pad(image.permute(1, 0, 3, 2), (before, after)).contiguous()  # a zero pad returns the strided view
+    return major.view(d, batch * dilation, before + rows + after)
+
+
+def _filter_gradient(x: torch.Tensor, grad_y: torch.Tensor, min_lag: int, m: int, dilation: int) -> torch.Tensor:
+    """dL/df_k = sum_{b, a, r} g[a, r] x[a - l0 - k, r], as (d, m), by row blocks of B per phase.
 
     With x padded and cut into blocks X_j, the window of block j is [X_j, head of X_{j+1}], so
-    G_j^T [X_j, X_{j+1}[:m-1]] holds every product g_t x_s of the block; lag l lies on a diagonal.
+    G_j^T [X_j, X_{j+1}[:m-1]] holds every product g_t x_s of the block; a lag lies on a diagonal.
     Two batched matmuls over channel-major copies of g and x (no overlapping-window copy).
     """
-    batch, n, d = x.shape
-    block = max(min(_FILTER_GRAD_BLOCK, n), m - 1)  # short rows (dilation phases) get short blocks
-    blocks = -(-n // block)
+    x_image, g_image = _phase_image(x, dilation), _phase_image(grad_y, dilation)
+    d, rows = x_image.shape[1], x_image.shape[2]
+    block = max(min(_FILTER_GRAD_BLOCK, rows), m - 1)  # short phases get short blocks
+    blocks = -(-rows // block)
     max_lag = min_lag + m - 1
-    grad = F.pad(grad_y, (0, 0, 0, blocks * block - n)).view(batch, blocks, block, d)
-    grad = grad.permute(3, 0, 1, 2).reshape(d, batch * blocks, block).contiguous().transpose(1, 2)  # (d, B, blocks)
-    padded = F.pad(x, (0, 0, max_lag, (blocks + 1) * block - n - max_lag))  # x_{i - l} for every l, one spare block
-    padded = padded.permute(2, 0, 1).contiguous().view(d, batch, blocks + 1, block)
-    own = padded[:, :, :blocks].reshape(d, batch * blocks, block)
-    head = padded[:, :, 1:, : m - 1].reshape(d, batch * blocks, m - 1)
+    grad = _channel_major(g_image, 0, blocks * block - rows).view(d, -1, block).transpose(1, 2)  # (d, B, sequences * blocks)
+    padded = _channel_major(x_image, max_lag, (blocks + 1) * block - rows - max_lag)  # x_{a - lag}, one spare block
+    sequences = padded.shape[1] * blocks
+    padded = padded.view(d, -1, blocks + 1, block)
+    own = padded[:, :, :blocks].reshape(d, sequences, block)
+    head = padded[:, :, 1:, : m - 1].reshape(d, sequences, m - 1)
     products = torch.cat([torch.bmm(grad, own), torch.bmm(grad, head)], dim=2)  # (d, B, B + m - 1)
     # products[c, t, s] pairs g at block offset t with padded x at offset s; lag l sits at s = t + max_lag - l
     diagonals = products.as_strided((d, block, m), (products.stride(0), products.stride(1) + 1, 1)).sum(1)
@@ -71,28 +98,27 @@ def _filter_gradient(x: torch.Tensor, grad_y: torch.Tensor, min_lag: int, m: int
 
 class _BandConvolution(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, taps, min_lag):
+    def forward(ctx, x, taps, min_lag, dilation):
         ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, taps)
-        ctx.min_lag = min_lag
-        return _band_forward(x, taps, min_lag)
+        ctx.min_lag, ctx.dilation = min_lag, dilation
+        return _band_forward(x, taps, min_lag, dilation)
 
     @staticmethod
     def backward(ctx, grad_y):
-        grad_y = grad_y.contiguous()  # autograd may hand in a strided view, which oneDNN would reorder slowly
         x, taps = ctx.saved_tensors
-        m, min_lag = taps.shape[1], ctx.min_lag
+        m, min_lag, dilation = taps.shape[1], ctx.min_lag, ctx.dilation
         grad_x = grad_taps = None
         if ctx.needs_input_grad[0]:  # the transpose: reversed taps over negated lags
-            grad_x = _band_forward(grad_y, taps.flip(1), -(min_lag + m - 1))
+            grad_x = _band_forward(grad_y, taps.flip(1), -(min_lag + m - 1), dilation)
         if ctx.needs_input_grad[1]:
-            grad_taps = _filter_gradient(x, grad_y, min_lag, m).to(taps.dtype)
-        return grad_x, grad_taps, None
+            grad_taps = _filter_gradient(x, grad_y, min_lag, m, dilation).to(taps.dtype)
+        return grad_x, grad_taps, None, None
 
 
-def band_matvec(x: torch.Tensor, taps: torch.Tensor, min_lag: int) -> torch.Tensor:
-    """y_i = sum_l f_l x_{i - l} per channel; taps (d, m) for lags min_lag ... min_lag + m - 1."""
-    _check_band(x, taps, min_lag)
-    return _BandConvolution.apply(x, taps, min_lag)
+def band_matvec(x: torch.Tensor, taps: torch.Tensor, min_lag: int, dilation: int = 1) -> torch.Tensor:
+    """y_i = sum_k f_k x_{i - (min_lag + k) dilation} per channel; taps (d, m), lags min_lag ... min_lag + m - 1."""
+    _check_band(x, taps, min_lag, dilation)
+    return _BandConvolution.apply(x, taps, min_lag, dilation)
 
 
 def naive_band_matrix(taps: torch.Tensor, n: int, min_lag: int) -> torch.Tensor:
