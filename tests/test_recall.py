@@ -66,6 +66,20 @@ def test_training_on_recall_learns_and_reports_last_position_accuracy(tmp_path, 
     assert len(accuracies) == 2 and accuracies[0] == accuracies[1]
 
 
+def test_eval_refuses_one_table_of_recall_and_corpus_runs(tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("To be, or not to be, that is the question. " * 40)
+    for name, data in (("ar", "assoc-recall"), ("lm", str(corpus))):
+        config = TrainConfig(
+            model="tcnca_simple", data=data, dim=8, depth=1, seq_len=16, batch_size=2, steps=1, warmup=0,
+            eval_every=1, eval_tokens=64, out=str(tmp_path / name), options={"chunk_size": 8},
+        )  # fmt: skip
+        Trainer(config, progress=False).run()
+    with pytest.raises(SystemExit):
+        main(["eval", str(tmp_path / "ar"), str(tmp_path / "lm"), "--lengths", "16"])
+    assert "share a kind of data" in capsys.readouterr().err
+
+
 def test_recall_accuracy_counts_the_last_position_only(tmp_path):
     """A model that always outputs the right answer at the end scores 100 %, whatever it does before."""
     from tokenmix.train.evaluate import evaluate_recall

@@ -147,6 +147,8 @@ def run_eval(args) -> int:
         shown, columns = _shown(result["results"])
         print(format_table(shown, columns))
     else:
+        if len({"accuracy" in result["results"][0] for result in results}) > 1:
+            raise ValueError("checkpoints in one table must share a kind of data: recall runs and corpus runs apart")
         print(f"{len(results)} runs on the {args.split} split")
         table = []
         for result in results:
