@@ -25,6 +25,19 @@ def test_tno_matches_dense_reference(n, causal):
         assert relative_error(a, b) < 1e-9
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_unfactored_spectrum_is_the_same_operator(causal):
+    factored = tokenmix.build_mixer("tno", 4, causal=causal, rpe_dim=8).double()
+    plain = tokenmix.build_mixer("tno", 4, causal=causal, rpe_dim=8, factored=False).double()
+    plain.load_state_dict(factored.state_dict())
+    x = torch.randn(2, 100, 4, dtype=torch.float64)
+    y, y_plain = factored(x), plain(x)
+    assert relative_error(y, y_plain) < 1e-12
+    grads = torch.autograd.grad(y.square().sum(), list(factored.parameters()))
+    grads_plain = torch.autograd.grad(y_plain.square().sum(), list(plain.parameters()))
+    assert all(relative_error(a, b) < 1e-10 for a, b in zip(grads, grads_plain, strict=True))
+
+
 def test_kernel_is_decayed_rpe_and_decay_one_turns_it_off():
     mixer = Tno(3, causal=False, decay=0.9)
     plain = Tno(3, causal=False, decay=1.0)
@@ -125,6 +138,7 @@ def test_bad_inputs_raise_value_error(call, message):
         ({"rpe_layers": -1}, "rpe_layers"),
         ({"activation": "tanh"}, "activation"),
         ({"learnable_decay": True, "decay": 1.0}, "learnable_decay"),
+        ({"factored": "no"}, "factored"),
         ({"no_such_option": 1}, "no_such_option"),
     ],
 )

@@ -7,6 +7,9 @@ Applied by FFT at a fast size N >= 2n, in O(n log n).
 The kernel spectrum is factored through the RPE's output layer (W, b):
 rfft(lambda^|k| (H_k W + b)) = rfft([lambda^|k| H_k, lambda^|k|]) @ [W; b], so only rpe_dim + 1
 columns are transformed and the gradient of W is a matmul, not a d-channel FFT.
+``factored=False`` runs the paper's own algorithm instead (the RPE at every lag for all d channels,
+then a d-channel kernel FFT): the same operator, kept as the baseline that paper 000's speed claims
+for FD-TNO are made against.
 In eval mode without autograd the spectrum is cached until the weights or the length change.
 """
 
@@ -95,8 +98,12 @@ class Tno(Mixer):
         activation: str = "relu",
         decay: float = 0.99,
         learnable_decay: bool = False,
+        factored: bool = True,
     ):
         super().__init__(dim, causal)
+        if not isinstance(factored, bool):
+            raise ValueError(f"factored must be true or false, got {factored!r}")
+        self.factored = factored
         self.rpe = RelativePositionEncoder(dim, rpe_dim, rpe_layers, activation)
         self.decay = ExponentialDecay(decay, learnable_decay)
         self._cache = SpectrumCache()
@@ -107,7 +114,9 @@ class Tno(Mixer):
         return self.decay(lags)[:, None] * self.rpe(lags)
 
     def spectrum(self, n: int, fft_size: int) -> torch.Tensor:
-        """rfft of the circulant embedding of the kernel, (dim, N/2 + 1), via the factored form."""
+        """rfft of the circulant embedding of the kernel, (dim, N/2 + 1), factored unless told otherwise."""
+        if not self.factored:
+            return toeplitz_spectrum(self.kernel(n), n, self.causal, fft_size)
         lags = relative_lags(n, self.causal, self.rpe.output.weight.device)
         decay = self.decay(lags)[:, None]
         basis = torch.cat([decay * self.rpe.features(lags), decay], dim=1)
