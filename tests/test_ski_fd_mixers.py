@@ -9,7 +9,7 @@ import tokenmix
 from tokenmix.mixers.fd_tno import rfft_frequencies
 from tokenmix.mixers.ski_tno import SkiTno
 from tokenmix.ops import fast_fft_size, naive_toeplitz_matvec
-from tokenmix.ops.ski import inducing_spacing, inverse_time_warp
+from tokenmix.ops.ski import inverse_time_warp
 
 
 def _check_against(fast, slow, inputs, tolerance):
@@ -31,11 +31,15 @@ def test_ski_tno_matches_its_explicit_matrix(n, causal, path, interpolation):
     _check_against(mixer(x), slow, [x, *mixer.parameters()], 1e-10)
 
 
-def test_ski_low_rank_part_is_w_a_wt_built_from_scratch():
-    """A_ij = RPE(sign(t) lambda^|t|), t = p_i - p_j, and W the hat weights, assembled independently."""
-    n, rank, decay = 50, 6, 0.9
-    mixer = SkiTno(3, rank=rank, decay=decay, knots=4).double()
-    count, spacing = inducing_spacing(n, rank)
+@pytest.mark.parametrize(("max_spacing", "count"), [(None, 6), (4, 14), (20, 6)])
+def test_ski_low_rank_part_is_w_a_wt_built_from_scratch(max_spacing, count):
+    """A_ij = RPE(sign(t) lambda^|t|), t = p_i - p_j, and W the hat weights, assembled independently.
+
+    max_spacing = 4 at n = 50 asks for ceil(49 / 4) + 1 = 14 inducing points; 20 leaves the rank's 6.
+    """
+    n, decay = 50, 0.9
+    mixer = SkiTno(3, rank=6, decay=decay, knots=4, max_spacing=max_spacing).double()
+    spacing = (n - 1) / (count - 1)
     points = torch.arange(count, dtype=torch.float64) * spacing
     lags = points[:, None] - points[None, :]
     warped = torch.sign(lags) * decay ** lags.abs()
@@ -47,6 +51,15 @@ def test_ski_low_rank_part_is_w_a_wt_built_from_scratch():
     w = (1 - (torch.arange(n, dtype=torch.float64)[:, None] / spacing - torch.arange(count)[None, :]).abs()).clamp_min(0)
     torch.testing.assert_close(mixer.low_rank_matrix(n), w @ a @ w.t())
     assert float(mixer.rpe(torch.zeros(1, dtype=torch.float64)).detach().abs().max()) == 0.0  # RPE(0) = 0
+
+
+@pytest.mark.parametrize("path", ["dense", "sparse"])
+def test_max_spacing_grows_the_grid_on_every_path(path):
+    mixer = SkiTno(4, rank=8, knots=8, path=path, max_spacing=4).double()
+    x = torch.randn(2, 101, 4, dtype=torch.float64, requires_grad=True)
+    assert mixer.inducing_count(101) == 26 and mixer.inducing_count(20) == 8
+    slow = torch.einsum("dij,bjd->bid", mixer.matrix(101), x)
+    _check_against(mixer(x), slow, [x, *mixer.parameters()], 1e-10)
 
 
 def test_gain_scales_parameters_not_the_initial_operator():
@@ -153,6 +166,7 @@ def test_auto_path_follows_the_measured_thresholds():
         ("ski_tno", {"path": "fast"}, "path"),
         ("ski_tno", {"knots": 0}, "knots"),
         ("ski_tno", {"gain": 0}, "gain"),
+        ("ski_tno", {"max_spacing": 0.5}, "max_spacing"),
         ("fd_tno", {"activation": "tanh"}, "activation"),
         ("fd_tno", {"rpe_dim": 0}, "rpe_dim"),
         ("fd_tno", {"decay": 0.9}, "decay"),

@@ -5,7 +5,10 @@ Per channel y = T_sparse x + W A W^T x:
 - W A W^T: ``rank`` inducing points on [0, n - 1], W their interpolation weights (``interpolation``
   linear or cubic), A_ij = k(p_i - p_j) with k(t) = RPE(x(t)), x(t) = sign(t) decay^|t| the inverse
   time warp and RPE a learned piecewise-linear function on [-1, 1] with RPE(0) = 0 (``knots`` per
-  side). Every lag maps into [-1, 1], so one module serves any length.
+  side). Every lag maps into [-1, 1], so one module serves any length. With ``max_spacing`` the
+grid keeps its resolution at longer lengths: r = max(rank, ceil((n - 1) / max_spacing) + 1), so
+the operator a model was trained with is not coarsened when it extrapolates (W A W^T then costs
+O(n + r log r) with r growing in n).
 W A W^T x runs densely (matmuls, the paper's practical choice) or sparsely (linear: native
 upsampling kernels; cubic: gather/scatter), O(n + r log r) per channel; ``path="auto"`` picks by
 length and interpolation, from the measurements in docs/ski_fd.md.
@@ -22,6 +25,8 @@ so its spectrum is a fixed basis spectrum (cached per length) times the paramete
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -86,6 +91,7 @@ class SkiTno(Mixer):
         interpolation: str = "linear",
         path: str = "auto",
         gain: float = 8.0,
+        max_spacing: float | None = None,
     ):
         super().__init__(dim, causal)
         check_int(filter_size, "filter_size")
@@ -102,19 +108,28 @@ class SkiTno(Mixer):
         if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not gain > 0:
             raise ValueError(f"gain must be a positive number, got {gain!r}")
         self.gain = float(gain)
+        if max_spacing is not None and (isinstance(max_spacing, bool) or not isinstance(max_spacing, (int, float)) or not max_spacing >= 1):
+            raise ValueError(f"max_spacing must be a number >= 1 (tokens between inducing points) or None, got {max_spacing!r}")
+        self.max_spacing = max_spacing
         self.rpe = PiecewiseLinearEncoder(dim, knots, self.gain)
         bound = self.filter_size**-0.5 / self.gain  # taps = gain * parameters, uniform in +-1/sqrt(m) at init
         self.band = nn.Parameter(torch.empty(dim, self.filter_size).uniform_(-bound, bound))
-        self._weights = _LengthCache(lambda n, device: ski_weights(n, rank, self.degree, device))
-        self._dense = _LengthCache(lambda n, device: dense_interpolation(n, rank, self.degree, device))
+        self._weights = _LengthCache(lambda n, device: ski_weights(n, self.inducing_count(n), self.degree, device))
+        self._dense = _LengthCache(lambda n, device: dense_interpolation(n, self.inducing_count(n), self.degree, device))
         self._basis_spectra = _LengthCache(self._causal_basis_spectrum)
         self._cache = SpectrumCache()
 
     def extra_repr(self) -> str:
         return (
             f"{super().extra_repr()}, filter_size={self.filter_size}, rank={self.rank}, decay={self.decay}, "
-            f"interpolation={self.interpolation}, path={self.path}"
+            f"interpolation={self.interpolation}, path={self.path}, max_spacing={self.max_spacing}"
         )
+
+    def inducing_count(self, n: int) -> int:
+        """Inducing points asked for at length n: ``rank``, or more when ``max_spacing`` needs them."""
+        if self.max_spacing is None:
+            return self.rank
+        return max(self.rank, math.ceil((n - 1) / self.max_spacing) + 1)
 
     @property
     def taps(self) -> torch.Tensor:
@@ -131,7 +146,7 @@ class SkiTno(Mixer):
 
     def inducing_kernel(self, n: int) -> torch.Tensor:
         """A_ij = k(p_i - p_j) by lag i - j = -(r - 1) ... r - 1, (2r - 1, dim)."""
-        return self.smooth_kernel(inducing_lags(n, self.rank, self.band.device))
+        return self.smooth_kernel(inducing_lags(n, self.inducing_count(n), self.band.device))
 
     # -- causal: kernel at every lag, by FFT -------------------------------------------------------
     def _causal_basis(self, n: int, device) -> torch.Tensor:
@@ -180,4 +195,4 @@ class SkiTno(Mixer):
             low_rank = ski_sparse_matvec(x, *self._weights(n, x.device), kernel)
         else:
             low_rank = ski_dense_matvec(x, self._dense(n, x.device), kernel)
-        return low_rank.add_(band_matvec(x, self.taps, self.min_lag))  # low_rank is a fresh matmul output
+        return low_rank + band_matvec(x, self.taps, self.min_lag)

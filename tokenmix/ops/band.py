@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-_FILTER_GRAD_BLOCK = 64  # row block of the filter gradient (measured best on 2 CPU cores)
+_FILTER_GRAD_BLOCK = 32  # row block of the filter gradient (measured best on 2 CPU cores)
+_TRANSPOSE_CHUNK = 2**18  # elements per chunk of the channel-major copy (fits in L2)
 
 
 def _check_band(x: torch.Tensor, taps: torch.Tensor, min_lag: int, dilation: int) -> None:
@@ -66,9 +67,20 @@ def _band_forward(x: torch.Tensor, taps: torch.Tensor, min_lag: int, dilation: i
 
 
 def _channel_major(image: torch.Tensor, before: int, after: int) -> torch.Tensor:
-    """(batch, d, R, delta) image -> contiguous (d, batch * delta, before + R + after): rows per phase, zero-padded."""
+    """(batch, d, R, delta) image -> contiguous (d, batch * delta, before + R + after): rows per phase, zero-padded.
+
+    The transposing copy runs in row chunks of about 2^18 elements: PyTorch's one-shot strided copy
+    was 2.5x-3.5x slower at (8192 tokens, 1536 channels) and (131072, 64).
+    """
     batch, d, rows, dilation = image.shape
-    major = F.pad(image.permute(1, 0, 3, 2), (before, after)).contiguous()  # a zero pad returns the strided view
+    major = image.new_empty(d, batch, dilation, before + rows + after)
+    major[..., :before].zero_()
+    major[..., before + rows :].zero_()
+    source = image.permute(1, 0, 3, 2)
+    chunk = max(1, _TRANSPOSE_CHUNK // (batch * d * dilation))
+    for start in range(0, rows, chunk):
+        stop = min(start + chunk, rows)
+        major[..., before + start : before + stop].copy_(source[..., start:stop])
     return major.view(d, batch * dilation, before + rows + after)
 
 

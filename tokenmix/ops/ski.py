@@ -117,29 +117,48 @@ def ski_sparse_matvec(x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor
 
 
 def _linear_upsample(z: torch.Tensor, n: int) -> torch.Tensor:
-    """W z for linear W: (batch, r, d) -> (batch, n, d); z made contiguous (it is small) so the output is channels-last."""
+    """W z for linear W: (batch, r, d) -> (batch, n, d), channels-last in and out."""
     return from_image(F.interpolate(as_image(z.contiguous()), size=(1, n), mode="bilinear", align_corners=True))
 
 
+def _linear_downsample(x: torch.Tensor, count: int) -> torch.Tensor:
+    """W^T x for linear W, the adjoint of linear upsampling: (batch, n, d) -> (batch, r, d)."""
+    image = as_image(x.contiguous())
+    size = [image.shape[0], image.shape[1], 1, count]
+    return from_image(torch.ops.aten.upsample_bilinear2d_backward(image, [1, x.shape[1]], size, True))
+
+
 class _LinearRestrict(torch.autograd.Function):
-    """W^T x for linear W: the adjoint of linear upsampling, (batch, n, d) -> (batch, r, d)."""
+    """z = W^T x for linear W; its backward is _LinearProlong's forward."""
 
     @staticmethod
     def forward(ctx, x, count):
         ctx.n = x.shape[1]
-        image = as_image(x.contiguous())
-        size = [image.shape[0], image.shape[1], 1, count]
-        return from_image(torch.ops.aten.upsample_bilinear2d_backward(image, [1, ctx.n], size, True))
+        return _linear_downsample(x, count)
 
     @staticmethod
     def backward(ctx, grad_z):
         return _linear_upsample(grad_z, ctx.n), None
 
 
+class _LinearProlong(torch.autograd.Function):
+    """y = W z for linear W. Its own backward keeps the channels-last layout (PyTorch's upsampling
+    backward would first copy the gradient to channels-first)."""
+
+    @staticmethod
+    def forward(ctx, z, n):
+        ctx.count = z.shape[1]
+        return _linear_upsample(z, n)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        return _linear_downsample(grad_y, ctx.count), None
+
+
 def ski_linear_matvec(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
     """W A W^T x for linear interpolation, O(n d) by native upsampling kernels; A by its lags, (2r - 1, d)."""
     z = _LinearRestrict.apply(x, (kernel.shape[0] + 1) // 2)
-    return _linear_upsample(_apply_small(kernel, z), x.shape[1])
+    return _LinearProlong.apply(_apply_small(kernel, z), x.shape[1])
 
 
 def naive_ski_matrix(interpolation: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
