@@ -16,6 +16,8 @@ A is applied as a Toeplitz product by FFT (size >= 2r), O(r log r) per channel, 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -67,33 +69,26 @@ def ski_dense_matvec(x: torch.Tensor, interpolation: torch.Tensor, kernel: torch
     return w @ _apply_small(kernel, w.t() @ x)
 
 
-class _Restrict(torch.autograd.Function):
-    """z = W^T x by scatter-add: z[:, index[i, a]] += weight[i, a] x[:, i]. Its adjoint is _Prolong."""
+class _AdjointPair(torch.autograd.Function):
+    """y = op(x) for a fixed linear map given with its adjoint, which is then the backward.
+
+    W and W^T here are constants (no parameters), so neither side needs anything saved.
+    """
 
     @staticmethod
-    def forward(ctx, x, index, weight, count):
-        ctx.save_for_backward(index, weight)
-        return _scatter(x, index, weight, count)
+    def forward(ctx, x, op, adjoint):
+        ctx.adjoint = adjoint
+        return op(x)
 
     @staticmethod
-    def backward(ctx, grad_z):
-        index, weight = ctx.saved_tensors
-        return _gather(grad_z, index, weight), None, None, None
+    def backward(ctx, grad):
+        return ctx.adjoint(grad), None, None
 
 
-class _Prolong(torch.autograd.Function):
-    """y = W z by gather: y[:, i] = sum_a weight[i, a] z[:, index[i, a]]. Its adjoint is _Restrict."""
-
-    @staticmethod
-    def forward(ctx, z, index, weight):
-        ctx.save_for_backward(index, weight)
-        ctx.count = z.shape[1]
-        return _gather(z, index, weight)
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        index, weight = ctx.saved_tensors
-        return _scatter(grad_y, index, weight, ctx.count), None, None
+def _interpolated_product(x: torch.Tensor, kernel: torch.Tensor, restrict, prolong) -> torch.Tensor:
+    """W A W^T x from W^T (``restrict``) and W (``prolong``), each the other's backward."""
+    z = _AdjointPair.apply(x, restrict, prolong)
+    return _AdjointPair.apply(_apply_small(kernel, z), prolong, restrict)
 
 
 def _scatter(x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor, count: int) -> torch.Tensor:
@@ -111,9 +106,14 @@ def _gather(z: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch
 
 
 def ski_sparse_matvec(x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-    """W A W^T x with W given by its sparse rows (index, weight), each (n, s); A by its lags, (2r - 1, d)."""
-    z = _Restrict.apply(x, index, weight, (kernel.shape[0] + 1) // 2)
-    return _Prolong.apply(_apply_small(kernel, z), index, weight)
+    """W A W^T x with W given by its sparse rows (index, weight), each (n, s); A by its lags, (2r - 1, d).
+
+    W^T is a scatter-add, z[:, index[i, a]] += weight[i, a] x[:, i], and W the matching gather.
+    """
+    count = (kernel.shape[0] + 1) // 2
+    restrict = functools.partial(_scatter, index=index, weight=weight, count=count)
+    prolong = functools.partial(_gather, index=index, weight=weight)
+    return _interpolated_product(x, kernel, restrict, prolong)
 
 
 def _linear_upsample(z: torch.Tensor, n: int) -> torch.Tensor:
@@ -128,37 +128,16 @@ def _linear_downsample(x: torch.Tensor, count: int) -> torch.Tensor:
     return from_image(torch.ops.aten.upsample_bilinear2d_backward(image, [1, x.shape[1]], size, True))
 
 
-class _LinearRestrict(torch.autograd.Function):
-    """z = W^T x for linear W; its backward is _LinearProlong's forward."""
-
-    @staticmethod
-    def forward(ctx, x, count):
-        ctx.n = x.shape[1]
-        return _linear_downsample(x, count)
-
-    @staticmethod
-    def backward(ctx, grad_z):
-        return _linear_upsample(grad_z, ctx.n), None
-
-
-class _LinearProlong(torch.autograd.Function):
-    """y = W z for linear W. Its own backward keeps the channels-last layout (PyTorch's upsampling
-    backward would first copy the gradient to channels-first)."""
-
-    @staticmethod
-    def forward(ctx, z, n):
-        ctx.count = z.shape[1]
-        return _linear_upsample(z, n)
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        return _linear_downsample(grad_y, ctx.count), None
-
-
 def ski_linear_matvec(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-    """W A W^T x for linear interpolation, O(n d) by native upsampling kernels; A by its lags, (2r - 1, d)."""
-    z = _LinearRestrict.apply(x, (kernel.shape[0] + 1) // 2)
-    return _LinearProlong.apply(_apply_small(kernel, z), x.shape[1])
+    """W A W^T x for linear interpolation, O(n d) by native upsampling kernels; A by its lags, (2r - 1, d).
+
+    Both directions keep the channels-last layout in their backward too (PyTorch's own upsampling
+    backward would first copy the gradient to channels-first).
+    """
+    n, count = x.shape[1], (kernel.shape[0] + 1) // 2
+    restrict = functools.partial(_linear_downsample, count=count)
+    prolong = functools.partial(_linear_upsample, n=n)
+    return _interpolated_product(x, kernel, restrict, prolong)
 
 
 def naive_ski_matrix(interpolation: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
