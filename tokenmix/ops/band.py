@@ -70,7 +70,7 @@ def _channel_major(image: torch.Tensor, before: int, after: int) -> torch.Tensor
     """(batch, d, R, delta) image -> contiguous (d, batch * delta, before + R + after): rows per phase, zero-padded.
 
     The transposing copy runs in row chunks of about 2^18 elements: PyTorch's one-shot strided copy
-    was 2.5x-3.5x slower at (8192 tokens, 1536 channels) and (131072, 64).
+    of the whole tensor was several times slower (docs/ski_fd.md, "SKI speed-up").
     """
     batch, d, rows, dilation = image.shape
     major = image.new_empty(d, batch, dilation, before + rows + after)
