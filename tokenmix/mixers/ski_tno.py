@@ -6,9 +6,9 @@ Per channel y = T_sparse x + W A W^T x:
   linear or cubic), A_ij = k(p_i - p_j) with k(t) = RPE(x(t)), x(t) = sign(t) decay^|t| the inverse
   time warp and RPE a learned piecewise-linear function on [-1, 1] with RPE(0) = 0 (``knots`` per
   side). Every lag maps into [-1, 1], so one module serves any length. With ``max_spacing`` the
-grid keeps its resolution at longer lengths: r = max(rank, ceil((n - 1) / max_spacing) + 1), so
-the operator a model was trained with is not coarsened when it extrapolates (W A W^T then costs
-O(n + r log r) with r growing in n).
+  grid keeps its resolution at longer lengths: r = max(rank, ceil((n - 1) / max_spacing) + 1), so
+  the operator a model was trained with is not coarsened when it extrapolates (W A W^T then costs
+  O(n + r log r) with r growing in n).
 W A W^T x runs densely (matmuls, the paper's practical choice) or sparsely (linear: native
 upsampling kernels; cubic: gather/scatter), O(n + r log r) per channel; ``path="auto"`` picks by
 length and interpolation, from the measurements in docs/ski_fd.md.
