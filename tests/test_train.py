@@ -168,6 +168,21 @@ DDP_SCRIPT = textwrap.dedent(
 )
 
 
+def test_auto_device_needs_a_gpu_per_process_and_cuda_says_so(monkeypatch):
+    from tokenmix.train.distributed import init_distributed
+    from tokenmix.train.loop import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("auto").type == "cuda"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun: two processes on a one-GPU node
+    assert resolve_device("auto").type == "cpu"
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(ValueError, match="one GPU per process"):
+        init_distributed(torch.device("cuda"))
+
+
 def test_two_process_ddp_keeps_ranks_in_sync(text_file, tmp_path):
     script = tmp_path / "ddp_run.py"
     script.write_text(DDP_SCRIPT)

@@ -44,6 +44,7 @@ class DistributedContext:
 
     def close(self) -> None:
         if self.enabled and dist.is_initialized():
+            dist.barrier()  # no rank tears down while another still talks to it
             dist.destroy_process_group()
 
 
@@ -59,6 +60,11 @@ def init_distributed(device: torch.device) -> DistributedContext:
     backend = "nccl" if device.type == "cuda" else "gloo"
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device.type == "cuda":
+        if local_rank >= torch.cuda.device_count():
+            raise ValueError(
+                f"device {str(device)!r} needs one GPU per process: local rank {local_rank}, "
+                f"{torch.cuda.device_count()} GPU(s) visible; start fewer processes per node or use device 'cpu'"
+            )
         torch.cuda.set_device(local_rank)
     dist.init_process_group(backend)
     return DistributedContext(dist.get_rank(), world_size, local_rank)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -94,8 +95,10 @@ class TrainConfig:
 
 
 def resolve_device(name: str) -> torch.device:
+    """``auto``: CUDA when every process on this node gets its own GPU (torchrun's LOCAL_WORLD_SIZE), else CPU."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        return torch.device("cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= processes else "cpu")
     try:
         return torch.device(name)
     except RuntimeError:
@@ -292,4 +295,7 @@ class Trainer:
         return final
 
     def close(self) -> None:
+        """Leave the process group. The DDP wrapper goes first, while its communicator is alive:
+        gloo work it still held when freed at interpreter exit aborted a rank now and then."""
+        self.trained = self.model
         self.context.close()
