@@ -9,6 +9,13 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture
+def text_file(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(("To be, or not to be, that is the question. " * 200).encode())
+    return str(path)
+
+
 def max_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).detach().abs().max())
 

@@ -4,9 +4,12 @@ from argparse import Namespace
 import pytest
 
 from tokenmix.bench import MEASUREMENT_FIELDS, Case, measure
-from tokenmix.bench.cli import bench_cases
+from tokenmix.bench import cli as bench_cli
+from tokenmix.bench.cli import apply_presets, bench_cases, source_revision
+from tokenmix.bench.measure import failed_measurement
 from tokenmix.bench.report import reading
-from tokenmix.cli import main
+from tokenmix.bench.worker import run_in_subprocess
+from tokenmix.cli import build_parser, main
 
 FIELD_TYPES = {
     "kind": str,
@@ -23,56 +26,128 @@ FIELD_TYPES = {
     "forward_backward_ms": float,
     "tokens_per_s": float,
     "peak_mem_mb": float,
+    "retain_freed_memory": bool,
+    "git_commit": str,
 }
-RATIO_FIELDS = ("fft_floor_ms", "fwd_ratio_to_fft", "fwdbwd_ratio_to_fft")
+RATIO_FIELDS = ("fft_floor_ms", "fft_channels_last_ms", "fft_channels_first_ms", "fwd_ratio_to_fft", "fwdbwd_ratio_to_fft")
+SIZES = ["--dim", "8", "--model-dim", "8", "--batch-tokens", "64", "--repeats", "1"]
 
 
-def check_record(record: dict) -> None:
-    assert set(record) == set(MEASUREMENT_FIELDS) == set(FIELD_TYPES) | set(RATIO_FIELDS)
+def check_record(record: dict, provenance: bool = True) -> None:
+    assert set(record) == set(MEASUREMENT_FIELDS) == set(FIELD_TYPES) | set(RATIO_FIELDS) | {"error"}
     for name, kind in FIELD_TYPES.items():
-        assert isinstance(record[name], kind), name
+        if provenance or name not in ("retain_freed_memory", "git_commit"):
+            assert isinstance(record[name], kind), name
+    assert record["error"] is None
     assert record["forward_ms"] > 0 and record["forward_backward_ms"] > 0 and record["peak_mem_mb"] >= 0
     fft_based = record["kind"] == "mixer" and record["mixer"] in ("tno", "fnet")
     for name in RATIO_FIELDS:
         assert (record[name] is not None) == fft_based, name
     if fft_based:
+        assert record["fft_floor_ms"] == min(record["fft_channels_last_ms"], record["fft_channels_first_ms"])
         assert record["fwd_ratio_to_fft"] == pytest.approx(record["forward_ms"] / record["fft_floor_ms"])
 
 
+@pytest.mark.slow
 def test_tiny_bench_run_writes_valid_json_plots_and_report(tmp_path, capsys):
     output, plots, report = tmp_path / "new" / "bench.json", tmp_path / "plots", tmp_path / "report" / "bench.md"
-    sizes = ["--dim", "8", "--model-dim", "8", "--batch-tokens", "64", "--repeats", "1"]
-    arguments = ["bench", "--mixers", "tno", "--models", "tnn", "--lengths", "8,32", "--causal", "yes", *sizes]
+    arguments = ["bench", "--mixers", "tno", "--models", "tnn", "--lengths", "8,32", "--causal", "yes", *SIZES]
     assert main([*arguments, "--output", str(output), "--plot", str(plots), "--report", str(report)]) == 0
     records = json.loads(output.read_text())
     assert len(records) == 3 * 2  # kinds x lengths, each measured in a fresh process
     for record in records:
         check_record(record)
     assert {r["kind"] for r in records} == {"mixer", "layer", "model"}
+    assert all(r["retain_freed_memory"] is True and r["git_commit"] == source_revision() for r in records)
     assert sorted(p.name for p in plots.iterdir()) == ["memory.png", "ratios.png", "time_vs_length.png"]
     text = report.read_text()
-    assert "tokenmix bench" in text and "## Reading" in text and "## The papers" in text and "](../plots/ratios.png)" in text
+    assert "tokenmix bench" in text and "## Reading" in text and "](../plots/ratios.png)" in text
+    assert "target" not in text.lower() and "paper" not in text.lower()  # targets and claims live in the docs
     assert "fwdbwd_ratio_to_fft" in capsys.readouterr().out
 
 
 def test_measure_in_process_and_reading():
-    record = measure(Case("mixer", "tno", True, 16, 4, 2), repeats=1).to_dict()
-    check_record(record)
+    record = {**measure(Case("mixer", "tno", True, 16, 4, 2), repeats=1).to_dict()}
+    check_record(record, provenance=False)
     longer = {**record, "length": 32, "forward_backward_ms": record["forward_backward_ms"] * 2}
     lines = reading([record, longer])
-    assert any("target <= 1.3x" in line for line in lines)
+    assert any("against the FFT floor (eval forward / training step), by length: 16:" in line for line in lines)
     assert any("grows 1.00x" in line for line in lines)  # twice the time for twice the tokens
 
 
-def test_reading_compares_names_and_judges_only_the_toeplitz_targets():
+def test_reading_compares_names():
     base = {"kind": "mixer", "causal": True, "length": 8192, "batch": 1, "fft_floor_ms": None, "tokens_per_s": 1.0}
     tcn = {**base, "mixer": "tcn", "forward_ms": 2.0, "forward_backward_ms": 10.0, "peak_mem_mb": 100.0}
     ema = {**base, "mixer": "ema", "forward_ms": 20.0, "forward_backward_ms": 25.0, "peak_mem_mb": 150.0, "fft_floor_ms": 4.0}
     ema.update(fwd_ratio_to_fft=5.0, fwdbwd_ratio_to_fft=6.25)
     lines = reading([tcn, ema])
     assert "relative to tcn: ema 2.50x time, 1.50x memory (eval forward 10.00x time)." in lines[-1]
-    assert any("ema mixer (causal), lengths 8192: eval forward 5.00x the FFT round trip;" in line for line in lines)
-    assert not any("target" in line for line in lines)
+    assert any(
+        "ema mixer (causal) against the FFT floor (eval forward / training step), by length: 8192: 5.00x / 6.25x" in line for line in lines
+    )
+
+
+def test_bad_options_are_refused_before_anything_is_measured(tmp_path, capsys):
+    output = tmp_path / "bench.json"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--mixers", "tno,tcn", "--kinds", "mixer", "--lengths", "8", *SIZES, "-o", "tcn.depth=0", "--output", str(output)])
+    assert exit_info.value.code == 2
+    assert "mixer 'tcn' (bidirectional) with options {'depth': 0}: depth must be an integer >= 1" in capsys.readouterr().err
+    assert not output.exists()
+
+
+@pytest.mark.slow
+def test_a_failed_case_is_reported_and_the_others_kept(tmp_path, capsys, monkeypatch):
+    original = bench_cli.run_in_subprocess
+
+    def flaky(case, repeats, threads):
+        if case.length == 16:
+            return failed_measurement(case, "RuntimeError: out of memory")
+        return original(case, repeats, threads)
+
+    monkeypatch.setattr(bench_cli, "run_in_subprocess", flaky)
+    output, report = tmp_path / "bench.json", tmp_path / "bench.md"
+    arguments = ["bench", "--mixers", "tno", "--kinds", "mixer", "--causal", "no", "--lengths", "8,16", *SIZES]
+    assert main([*arguments, "--output", str(output), "--report", str(report)]) == 1
+    records = json.loads(output.read_text())
+    assert [r["error"] for r in records] == [None, "RuntimeError: out of memory"]
+    assert records[1]["forward_ms"] is None and "out of memory" in capsys.readouterr().out
+    assert "failed: RuntimeError: out of memory" in report.read_text()
+
+
+def test_a_crashing_worker_becomes_a_record():
+    record = run_in_subprocess(Case("mixer", "tcn", False, 8, 4, 1, options={"depth": 0}), 1, 1).to_dict()
+    assert "depth must be an integer >= 1" in record["error"] and record["forward_ms"] is None
+
+
+def test_every_finished_case_is_on_disk_before_the_next_one(tmp_path, monkeypatch):
+    calls = []
+
+    def interrupted_after_one(case, repeats, threads):
+        calls.append(case)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return measure(case, repeats)
+
+    monkeypatch.setattr(bench_cli, "run_in_subprocess", interrupted_after_one)
+    output = tmp_path / "bench.json"
+    with pytest.raises(SystemExit):
+        main(["bench", "--mixers", "tno", "--kinds", "mixer", "--causal", "no", "--lengths", "8,16", *SIZES, "--output", str(output)])
+    assert [r["length"] for r in json.loads(output.read_text())] == [8]
+
+
+def test_quick_keeps_explicit_choices():
+    def preset(*flags):
+        arguments = build_parser().parse_args(["bench", *flags])
+        apply_presets(arguments)
+        return arguments
+
+    quick = preset("--quick")
+    assert quick.lengths == [256, 1024] and quick.kinds == ["mixer", "model"] and quick.repeats == 3 and quick.dim == 384
+    chosen = preset("--quick", "--lengths", "64", "--kinds", "layer", "--dim", "32")
+    assert chosen.lengths == [64] and chosen.kinds == ["layer"] and chosen.dim == 32 and chosen.repeats == 3
+    full = preset()
+    assert full.lengths == [512, 2048, 8192] and full.kinds == ["mixer", "layer", "model"] and full.repeats == 7
 
 
 def test_cases_skip_modes_a_mixer_or_model_lacks():

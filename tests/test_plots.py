@@ -3,7 +3,7 @@ import torch
 
 import tokenmix
 from tokenmix.ops.ema import naive_ema
-from tokenmix.plots import operator_panels, plot_fd_responses, plot_operators
+from tokenmix.plots import plot_fd_responses, plot_operators
 
 
 def test_fd_response_figure_is_written(tmp_path):
@@ -20,8 +20,9 @@ def test_operator_figures_for_every_toeplitz_layer(tmp_path, name):
 
 def test_ski_panels_add_up_to_the_operator():
     mixer = tokenmix.build_mixer("ski_tno", 3, rank=8)
-    panels = operator_panels(mixer, 40, channel=1)
-    torch.testing.assert_close(panels["sum"], mixer.matrix(40)[1])
+    panels = mixer.operator_matrices(40)
+    torch.testing.assert_close(panels["sum"], mixer.matrix(40))
+    torch.testing.assert_close(panels["band (sparse)"] + panels["W A W^T (low rank)"], panels["sum"])
 
 
 def test_models_without_toeplitz_mixers_are_refused(tmp_path):
@@ -34,7 +35,7 @@ def test_models_without_toeplitz_mixers_are_refused(tmp_path):
 def test_ema_panel_is_the_operator_of_its_recurrence(causal):
     """Column j of the pictured T is the linear EMA's response to a unit impulse at j."""
     mixer = tokenmix.build_mixer("ema", 2, causal, ndim=3).double()
-    matrix = operator_panels(mixer, 12, channel=1)["T"]
+    matrix = mixer.operator_matrices(12)["T"][1]
     input_weight, decay, readout = mixer.coefficients()
     impulses = torch.eye(12, dtype=torch.float64)[:, :, None].expand(12, 12, 2)  # row j: impulse at j
     response = naive_ema(impulses, input_weight[0], decay[0], readout[0])

@@ -68,21 +68,21 @@ def _mask_for(n, chunk_size, causal, key_mask):
 @pytest.mark.parametrize("chunk_size", [None, 1, 32])
 @pytest.mark.parametrize("causal", [False, True])
 def test_chunked_attention_is_full_attention_under_a_block_mask(n, chunk_size, causal):
-    q, k = torch.randn(2, 2, n, 8, dtype=torch.float64, requires_grad=True), torch.randn(2, 2, n, 8, dtype=torch.float64)
+    q, k = (torch.randn(2, 2, n, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
     v = torch.randn(2, 2, n, 5, dtype=torch.float64, requires_grad=True)
     fast = chunked_attention(q, k, v, chunk_size, causal)
     slow = naive_attention(q, k, v, chunk_mask(n, chunk_size, causal))
     assert relative_error(fast, slow) < 1e-12
-    _gradients_agree(fast, slow, [q, v], 1e-10)
+    _gradients_agree(fast, slow, [q, k, v], 1e-10)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_chunked_attention_with_key_mask_and_relative_bias(causal, with_bias):
     n, chunk = 100, 16
-    q, k, v = (torch.randn(2, 3, n, 8, dtype=torch.float64) for _ in range(3))
+    q, k, v = (torch.randn(2, 3, n, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
     key_mask = torch.rand(2, n) < 0.7
-    table = torch.randn(2 * n - 1, dtype=torch.float64)
+    table = torch.randn(2 * n - 1, dtype=torch.float64, requires_grad=True)
 
     def bias(size):
         return table[torch.arange(size)[:, None] - torch.arange(size)[None, :] + n - 1]
@@ -92,6 +92,7 @@ def test_chunked_attention_with_key_mask_and_relative_bias(causal, with_bias):
     real = key_mask[:, None, :, None]
     assert relative_error(fast * real, slow * real) < 1e-12
     assert torch.isfinite(fast).all()
+    _gradients_agree(fast * real, slow * real, [q, k, v, table] if with_bias else [q, k, v], 1e-10)
 
 
 def test_rotary_scores_depend_on_the_offset_only():

@@ -3,7 +3,17 @@
 from .mixers import build_mixer, list_mixers
 from .models import ModelConfig, build_model, from_pretrained, list_models
 from .runtime import retain_freed_memory
+from .validation import check_finite_inputs
+from .version import __version__
 
-__version__ = "0.1.0"
-
-__all__ = ["ModelConfig", "build_mixer", "build_model", "from_pretrained", "list_mixers", "list_models", "retain_freed_memory"]
+__all__ = [
+    "__version__",
+    "check_finite_inputs",
+    "ModelConfig",
+    "build_mixer",
+    "build_model",
+    "from_pretrained",
+    "list_mixers",
+    "list_models",
+    "retain_freed_memory",
+]

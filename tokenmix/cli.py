@@ -1,50 +1,92 @@
-"""``tokenmix`` command line: train, eval, generate, plot, bench."""
+"""``tokenmix`` command line: train, eval, generate, plot, bench, compare.
+
+Each command reads and checks its input (arguments, data, checkpoints) inside ``user_input()``:
+a problem there is reported in one line (exit status 2). Errors after that are bugs and keep
+their traceback. Ctrl-C during training saves a checkpoint and exits with status 130.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+import unicodedata
 from dataclasses import fields
+from pathlib import Path
 
 import torch
 
-from .cli_args import parse_lengths, parse_option
+from .cli_args import integer, number, parse_lengths, parse_option
 from .data.corpus import BYTE_VOCAB
 from .data.recall import AssociativeRecall
 from .data.sources import load_data
+from .errors import UsageError, user_input
+from .files import write_json_atomic
+from .mixers.registry import list_mixers
+from .models.registry import list_models
 from .runtime import retain_freed_memory
 from .table import format_table
-from .train.checkpoint import model_from_checkpoint
+from .train.checkpoint import load_checkpoint, model_from_checkpoint
 from .train.evaluate import describe, evaluate_lm, evaluate_mlm, evaluate_recall
 from .train.generate import generate
-from .train.loop import TrainConfig, Trainer
+from .train.loop import TrainConfig, Trainer, TrainingDiverged, TrainingInterrupted
 
 DEMO_PROMPT = "ROMEO.\n"
+INTERRUPTED_STATUS = 130
+
+TRAIN_HELP = {
+    "model": f"model name: {', '.join(list_models())}",
+    "task": "lm (causal language model) or mlm (masked LM, bidirectional)",
+    "data": "shakespeare (embedded), a .txt file or directory, bytes:FILE (enwik8 layout), or assoc-recall[:vocab=V]",
+    "dim": "model width",
+    "depth": "number of layers",
+    "seq_len": "training sequence length in tokens",
+    "batch_size": "sequences per step (per process)",
+    "steps": f"optimizer steps ({TrainConfig.steps} unless --minutes is given)",
+    "minutes": "a time budget instead of --steps: the step count is fixed from the speed of the first steps",
+    "lr": "peak learning rate (AdamW)",
+    "min_lr_ratio": "final learning rate of the cosine schedule, as a fraction of the peak",
+    "warmup": "linear warmup steps",
+    "schedule": "cosine, inverse_sqrt or constant (after the warmup)",
+    "weight_decay": "AdamW weight decay of weight matrices (kernel parameters are exempt: docs/training.md)",
+    "beta1": "AdamW beta1",
+    "beta2": "AdamW beta2",
+    "grad_clip": "clip the gradient norm to this value (0: no clipping)",
+    "dropout": "dropout probability in every block",
+    "seed": "seed of the initialisation, the batches and dropout",
+    "threads": "torch CPU threads (default: torch's choice)",
+    "eval_every": "validate every this many steps, on --eval-tokens tokens (checkpoints follow --save-every)",
+    "eval_tokens": "validation tokens of each periodic evaluation (the final one uses the whole split)",
+    "save_every": "write checkpoint.pt every N steps (e.g. 200) or every time T (e.g. 10m, 90s); also at the end and on Ctrl-C/SIGTERM",
+    "check_finite": "debug: every mixer refuses NaN/Inf inputs, which an FFT would spread to earlier positions",
+    "device": "auto (CUDA when available), cpu, cuda or cuda:N",
+    "out": "run directory: checkpoint.pt, metrics.jsonl, model/",
+}
+
+
+def _add_threads_and_device(parser, device_default: str = "cpu") -> None:
+    parser.add_argument("--threads", type=integer(1), default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--device", default=device_default, help=f"cpu, cuda or cuda:N (default: {device_default})")
+
+
+def _use_threads(args) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
 
 def _add_train(subparsers) -> None:
     parser = subparsers.add_parser("train", help="train a model (defaults: the TNN char-LM demo on Shakespeare)")
     defaults = TrainConfig()
-    helps = {
-        "model": "model name (tnn, ...)",
-        "task": "lm (causal) or mlm (masked, bidirectional)",
-        "data": "shakespeare (embedded), a .txt file or directory, bytes:FILE (enwik8 layout), or assoc-recall[:vocab=V]",
-        "steps": f"optimizer steps, {TrainConfig.steps} unless --minutes is given",
-        "minutes": "time budget: steps are fixed from the speed of the first steps",
-        "schedule": "cosine, inverse_sqrt or constant (after linear warmup)",
-        "threads": "torch CPU threads (default: torch's choice)",
-        "eval_tokens": "validation tokens used at each periodic evaluation (the final one uses all)",
-        "out": "run directory: checkpoint.pt, metrics.jsonl, model/",
-    }
     for spec in fields(TrainConfig):
         if spec.name == "options":
             continue
-        default = None if spec.name == "steps" else getattr(defaults, spec.name)
-        kind = {"int": int, "float": float, "str": str}.get(str(spec.type).split(" | ")[0], str)
-        parser.add_argument(
-            f"--{spec.name.replace('_', '-')}", type=kind, default=default, help=f"{helps.get(spec.name, '')} (default: {default})"
-        )
+        flag = f"--{spec.name.replace('_', '-')}"
+        default = getattr(defaults, spec.name)
+        help_text = f"{TRAIN_HELP[spec.name]} (default: {default})"
+        if spec.type == "bool":
+            parser.add_argument(flag, action="store_true", default=None, help=TRAIN_HELP[spec.name])
+            continue
+        kind = {"int": int, "float": float}.get(str(spec.type).split(" | ")[0], str)
+        parser.add_argument(flag, type=kind, default=None, help=help_text)
     parser.add_argument(
         "-o",
         "--option",
@@ -52,19 +94,35 @@ def _add_train(subparsers) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="model/mixer option, e.g. -o decay=1.0 -o rpe_layers=1",
+        help="a model or mixer option, e.g. -o decay=1.0 -o rpe_layers=1 (README lists each model's options)",
     )
-    parser.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
-    parser.add_argument("--sample-tokens", type=int, default=300, help="length of the sample printed after training")
+    run = parser.add_mutually_exclusive_group()
+    run.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint (its settings are kept)")
+    run.add_argument("--overwrite", action="store_true", help="replace a run already in --out (by default such a directory is refused)")
+    parser.add_argument("--sample-tokens", type=integer(0), default=300, help="length of the sample printed after training (0: none)")
     parser.set_defaults(handler=run_train)
 
 
+def train_config_from_args(args) -> TrainConfig:
+    """The run's settings: the options given on the command line over the defaults, or over the
+    checkpoint's settings with ``--resume`` (so a resume need not repeat them)."""
+    given = {spec.name: getattr(args, spec.name) for spec in fields(TrainConfig) if getattr(args, spec.name, None) is not None}
+    if args.option:
+        given["options"] = dict(args.option)
+    if "minutes" in given and "steps" not in given:
+        given["steps"] = None
+    if "steps" in given and "minutes" not in given:
+        given["minutes"] = None
+    if not args.resume:
+        return TrainConfig(**given)
+    saved = load_checkpoint(Path(given.get("out", TrainConfig.out)))["train_config"]
+    return TrainConfig.from_dict({**saved, **given})
+
+
 def run_train(args) -> int:
-    values = {spec.name: getattr(args, spec.name) for spec in fields(TrainConfig) if spec.name != "options"}
-    if values["steps"] is None and values["minutes"] is None:
-        values["steps"] = TrainConfig.steps
-    config = TrainConfig(**values, options=dict(args.option))
-    trainer = Trainer(config, resume=args.resume)
+    with user_input():
+        config = train_config_from_args(args)
+        trainer = Trainer(config, resume=args.resume, overwrite=args.overwrite)
     try:
         final = trainer.run()
         if trainer.context.is_main:
@@ -76,8 +134,14 @@ def run_train(args) -> int:
                 prompt = torch.tensor(list(DEMO_PROMPT.encode()), dtype=torch.long)
                 generator = torch.Generator().manual_seed(config.seed)
                 new = generate(trainer.model, prompt, args.sample_tokens, 0.8, 40, generator)
-                print("sample:\n" + DEMO_PROMPT + bytes(new.tolist()).decode("utf-8", errors="replace"))
+                print("sample:\n" + DEMO_PROMPT + printable(bytes(new.tolist())))
             print(f"saved: {config.out}/checkpoint.pt and {config.out}/model/")
+    except TrainingInterrupted as stopped:
+        print(f"tokenmix train: {stopped}", file=sys.stderr)
+        return INTERRUPTED_STATUS
+    except TrainingDiverged as diverged:
+        print(f"tokenmix train: {diverged}", file=sys.stderr)
+        return 1
     finally:
         trainer.close()
     return 0
@@ -86,14 +150,14 @@ def run_train(args) -> int:
 def _add_eval(subparsers) -> None:
     parser = subparsers.add_parser("eval", help="loss / BPC (recall: accuracy) of checkpoints at one or more lengths")
     parser.add_argument("checkpoint", nargs="+", help="checkpoint.pt or its run directory; several give one table")
-    parser.add_argument("--split", default="test", choices=["train", "val", "test"])
+    parser.add_argument("--split", default="test", choices=["train", "val", "test"], help="data split (default: test)")
     parser.add_argument(
         "--lengths", type=parse_lengths, default=None, help="comma-separated, e.g. 512,1024,2048,4096 (default: the training length)"
     )
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=None, help="evaluate only the first N tokens of the split")
-    parser.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--batch-size", type=integer(1), default=8, help="windows per forward pass (default: 8)")
+    parser.add_argument("--max-tokens", type=integer(1), default=None, help="evaluate only the first N tokens of the split")
+    parser.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON (folders are created)")
+    _add_threads_and_device(parser)
     parser.set_defaults(handler=run_eval)
 
 
@@ -108,9 +172,8 @@ def _evaluate_at(model, train_config: dict, length: int, args) -> dict:
     return evaluate_lm(model, data, length, args.batch_size, args.max_tokens)
 
 
-def _evaluate_run(checkpoint: str, args) -> dict:
+def _evaluate_run(model, train_config: dict, checkpoint: str, args) -> dict:
     """One checkpoint at every requested length: its description and a row per length."""
-    model, train_config = model_from_checkpoint(checkpoint, args.device)
     lengths = args.lengths or [train_config["seq_len"]]
     rows = [{"length": length, **_evaluate_at(model, train_config, length, args)} for length in lengths]
     for row in rows:  # length extrapolation: how the loss changes against the first length
@@ -137,8 +200,28 @@ def _shown(rows: list[dict]) -> tuple[list[dict], list[str]]:
     return shown, ["length", "loss", "bpc", "ppl", "tokens", "loss_vs_first"]
 
 
+def _check_output_file(path: str | None, flag: str) -> None:
+    """Fail before long work, not after it: the folder is created and the path must not be a folder."""
+    if path is None:
+        return
+    if Path(path).is_dir():
+        raise ValueError(f"{flag} {path!r} is a directory; give a file name")
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"{flag} {path!r}: cannot create its folder ({error.strerror})") from None
+
+
 def run_eval(args) -> int:
-    results = [_evaluate_run(checkpoint, args) for checkpoint in args.checkpoint]
+    with user_input():
+        _use_threads(args)
+        _check_output_file(args.json, "--json")
+        runs = [(*model_from_checkpoint(checkpoint, args.device), checkpoint) for checkpoint in args.checkpoint]
+        for _, train_config, _ in runs:
+            load_data(train_config["data"], train_config["seq_len"], train_config["seed"])  # data still where it was
+        if len({train_config["data"].startswith("assoc-recall") for _, train_config, _ in runs}) > 1:
+            raise ValueError("checkpoints in one table must share a kind of data: recall runs and corpus runs apart")
+    results = [_evaluate_run(model, train_config, checkpoint, args) for model, train_config, checkpoint in runs]
     if len(results) == 1:
         (result,) = results
         reading = "contiguous streams, memory carried across segments" if result["recurrent"] else "independent windows"
@@ -147,8 +230,6 @@ def run_eval(args) -> int:
         shown, columns = _shown(result["results"])
         print(format_table(shown, columns))
     else:
-        if len({"accuracy" in result["results"][0] for result in results}) > 1:
-            raise ValueError("checkpoints in one table must share a kind of data: recall runs and corpus runs apart")
         print(f"{len(results)} runs on the {args.split} split")
         table = []
         for result in results:
@@ -157,47 +238,65 @@ def run_eval(args) -> int:
             table += [{**described, **row} for row in shown]
         print(format_table(table, ["run", "model", "parameters", *columns]))
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(results[0] if len(results) == 1 else results, handle, indent=2)
+        write_json_atomic(args.json, results[0] if len(results) == 1 else results)
     return 0
 
 
 def _add_generate(subparsers) -> None:
     parser = subparsers.add_parser("generate", help="sample text from a causal LM checkpoint")
     parser.add_argument("checkpoint", help="checkpoint.pt or its run directory")
-    parser.add_argument("--prompt", default=DEMO_PROMPT)
-    parser.add_argument("--max-new-tokens", type=int, default=200)
-    parser.add_argument("--temperature", type=float, default=0.8, help="0 for greedy")
-    parser.add_argument("--top-k", type=int, default=40)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--prompt", default=DEMO_PROMPT, help="text the sample continues (default: the demo's 'ROMEO.')")
+    parser.add_argument("--max-new-tokens", type=integer(0), default=200, help="tokens to sample (default: 200)")
+    parser.add_argument("--temperature", type=number(0), default=0.8, help="sampling temperature; 0 is greedy (default: 0.8)")
+    parser.add_argument("--top-k", type=integer(0), default=40, help="sample among the k most likely tokens; 0 turns it off (default: 40)")
+    parser.add_argument("--seed", type=integer(0), default=0, help="seed of the sampling (default: 0)")
+    _add_threads_and_device(parser)
     parser.set_defaults(handler=run_generate)
 
 
+def printable(data: bytes) -> str:
+    """Decoded text with control characters other than newline and tab shown as escapes (\\x1b, ...)."""
+    text = data.decode("utf-8", errors="replace")
+    return "".join(f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" and c not in "\n\t" else c for c in text)
+
+
 def run_generate(args) -> int:
-    model, _ = model_from_checkpoint(args.checkpoint, args.device)
-    prompt = torch.tensor(list(args.prompt.encode()), dtype=torch.long)
-    new = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, torch.Generator().manual_seed(args.seed))
-    print(args.prompt + bytes(new.tolist()).decode("utf-8", errors="replace"))
+    with user_input():
+        _use_threads(args)
+        model, _ = model_from_checkpoint(args.checkpoint, args.device)
+        if model.config.task != "lm":
+            raise ValueError(f"generate needs a causal LM checkpoint (task 'lm'); {args.checkpoint!r} is task {model.config.task!r}")
+        prompt = torch.tensor(list(args.prompt.encode()), dtype=torch.long)
+        if prompt.numel() == 0:
+            raise ValueError("--prompt must not be empty")
+    top_k = args.top_k or None
+    new = generate(model, prompt, args.max_new_tokens, args.temperature, top_k, torch.Generator().manual_seed(args.seed))
+    print(printable(args.prompt.encode() + bytes(new.tolist())))
     return 0
 
 
 def _add_plot(subparsers) -> None:
     parser = subparsers.add_parser("plot", help="PNG pictures: random FD responses (no RUN), or a trained run's Toeplitz operators")
     parser.add_argument("run", nargs="?", help="checkpoint.pt or its run directory; without it: random FD RPEs")
-    parser.add_argument("--out", default="plots", help="output directory (created)")
-    parser.add_argument("--length", type=int, default=256, help="sequence length of the pictured operators")
-    parser.add_argument("--channel", type=int, default=0)
+    parser.add_argument("--out", default="plots", help="output directory, created (default: plots)")
+    parser.add_argument("--length", type=integer(1), default=256, help="sequence length of the pictured operators (default: 256)")
+    parser.add_argument("--channel", type=integer(0), default=0, help="channel pictured in the operator heatmaps (default: 0)")
     parser.set_defaults(handler=run_plot)
 
 
 def run_plot(args) -> int:
-    from .plots import plot_fd_responses, plot_operators
+    from .plots import plot_fd_responses, plot_operators, toeplitz_mixers
 
-    if args.run is None:
-        files = [plot_fd_responses(f"{args.out}/fd_responses_random.png", n=args.length)]
-    else:
-        model, _ = model_from_checkpoint(args.run)
+    with user_input():
+        if args.run is None:
+            files = [plot_fd_responses(f"{args.out}/fd_responses_random.png", n=args.length)]
+        else:
+            model, _ = model_from_checkpoint(args.run)
+            mixers = toeplitz_mixers(model)
+            channels = min(mixer.dim for _, mixer in mixers)
+            if args.channel >= channels:
+                raise ValueError(f"--channel must be in [0, {channels - 1}]: the pictured mixers have {channels} channels")
+    if args.run is not None:
         files = plot_operators(model, args.out, n=args.length, channel=args.channel)
     print("\n".join(map(str, files)))
     return 0
@@ -205,7 +304,9 @@ def run_plot(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="tokenmix", description="Fast token mixers for long sequences: train, evaluate, generate, plot, benchmark."
+        prog="tokenmix",
+        description="Fast token mixers for long sequences: train, evaluate, generate, plot, benchmark.",
+        epilog=f"models: {', '.join(list_models())}. mixers: {', '.join(list_mixers())}. `tokenmix COMMAND --help` for each command.",
     )
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_train(subparsers)
@@ -227,8 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv
     try:
         return args.handler(args)
-    except ValueError as error:
+    except UsageError as error:
         parser.exit(2, f"tokenmix {args.command}: error: {error}\n")
+    except KeyboardInterrupt:
+        parser.exit(INTERRUPTED_STATUS, f"tokenmix {args.command}: interrupted\n")
 
 
 if __name__ == "__main__":

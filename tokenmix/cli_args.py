@@ -1,9 +1,10 @@
-"""Argument parsers shared by the CLI subcommands."""
+"""Argument parsers shared by the CLI subcommands: each refuses bad values with the accepted ones."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 
 
 def parse_lengths(text: str) -> list[int]:
@@ -25,7 +26,7 @@ def parse_names(text: str) -> list[str]:
 
 
 def parse_option(text: str) -> tuple[str, object]:
-    """KEY=VALUE with VALUE read as JSON when it parses (numbers, true/false, lists), else a string."""
+    """KEY=VALUE with VALUE read as JSON when it parses (numbers, true/false, null, lists), else a string."""
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"--option must look like KEY=VALUE, got {text!r}")
     key, value = text.split("=", 1)
@@ -33,3 +34,34 @@ def parse_option(text: str) -> tuple[str, object]:
         return key, json.loads(value)
     except json.JSONDecodeError:
         return key, value
+
+
+def integer(minimum: int):
+    """An argparse type: an integer >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
+def number(minimum: float = -math.inf, open_minimum: bool = False):
+    """An argparse type: a finite float >= ``minimum`` (> with ``open_minimum``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < minimum or (open_minimum and value == minimum):
+            bound = "" if minimum == -math.inf else f" {'>' if open_minimum else '>='} {minimum:g}"
+            raise argparse.ArgumentTypeError(f"must be a finite number{bound}, got {text!r}")
+        return value
+
+    return parse

@@ -5,38 +5,55 @@ from __future__ import annotations
 import json
 import platform
 import shlex
+import subprocess
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from ..cli_args import parse_lengths, parse_names, parse_option
+from ..cli_args import integer, parse_lengths, parse_names, parse_option
+from ..devices import resolve_device
+from ..errors import user_input
+from ..files import write_json_atomic, write_text_atomic
 from ..mixers.registry import list_mixers
 from ..models.registry import list_models
+from ..runtime import retain_freed_memory
 from ..table import format_table
 from .cases import DTYPES, KINDS, Case, batch_for, supports
-from .measure import measure
-from .report import TABLE_COLUMNS, comparison_rows, markdown_report, write_plots
+from .measure import failed_measurement, measure
+from .report import comparison_rows, markdown_report, table_columns, write_plots
 from .worker import run_in_subprocess
 
-QUICK = {"lengths": [256, 1024], "dim": 384, "model_dim": 128, "repeats": 3}
+FULL = {"lengths": [512, 2048, 8192], "dim": 1536, "model_dim": 512, "repeats": 7}
+QUICK = {"lengths": [256, 1024], "dim": 384, "model_dim": 128, "repeats": 3, "kinds": ["mixer", "model"]}
+CHECK_LENGTH = 8  # every case runs once at this length before anything is measured
 
 
 def add_bench(subparsers) -> None:
     parser = subparsers.add_parser("bench", help="time and memory of mixers, layers and models against the FFT floor")
-    parser.add_argument("--mixers", type=parse_names, default=None, help="comma-separated mixer names (default: all)")
+    parser.add_argument(
+        "--mixers", type=parse_names, default=None, help=f"comma-separated mixer names (default: all: {', '.join(list_mixers())})"
+    )
     parser.add_argument("--models", type=parse_names, default=None, help="models whose layer and whole model are timed (default: all)")
-    parser.add_argument("--kinds", type=parse_names, default=list(KINDS), help="any of mixer,layer,model (default: all)")
-    parser.add_argument("--lengths", type=parse_lengths, default=[512, 2048, 8192])
-    parser.add_argument("--dim", type=int, default=1536, help="mixer channels (default 1536: the GTU width of a 512-dim TNN)")
-    parser.add_argument("--model-dim", type=int, default=512, help="width of the layers and models (default 512)")
-    parser.add_argument("--batch-tokens", type=int, default=4096, help="batch = max(1, batch_tokens // length)")
-    parser.add_argument("--causal", choices=["both", "yes", "no"], default="both")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--quick", action="store_true", help="a small subset: lengths 256,1024, dims 384/128, 3 repeats")
+    parser.add_argument("--kinds", type=parse_names, default=None, help="any of mixer,layer,model (default: all; --quick: mixer,model)")
+    parser.add_argument("--lengths", type=parse_lengths, default=None, help="sequence lengths (default: 512,2048,8192; --quick: 256,1024)")
+    parser.add_argument(
+        "--dim", type=integer(1), default=None, help="mixer channels (default 1536, the GTU width of a 512-dim TNN; --quick: 384)"
+    )
+    parser.add_argument("--model-dim", type=integer(1), default=None, help="width of the layers and models (default 512; --quick: 128)")
+    parser.add_argument("--batch-tokens", type=integer(1), default=4096, help="batch = max(1, batch_tokens // length) (default: 4096)")
+    parser.add_argument("--causal", choices=["both", "yes", "no"], default="both", help="directions measured (default: both)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="dtype of modules and inputs (default: float32)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
+    parser.add_argument(
+        "--repeats", type=integer(1), default=None, help="timed repeats after 2 warm-up calls; the median is kept (default: 7; --quick: 3)"
+    )
+    parser.add_argument("--threads", type=integer(1), default=torch.get_num_threads(), help="torch CPU threads (default: all cores)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a small run: mixers and models at lengths 256,1024, dims 384/128, 3 repeats (explicit options win)",
+    )
     parser.add_argument(
         "-o",
         "--option",
@@ -46,10 +63,18 @@ def add_bench(subparsers) -> None:
         metavar="KEY=VALUE",
         help="an option for every benchmarked mixer (layer, model), e.g. -o path=sparse; NAME.KEY=VALUE for one name only",
     )
-    parser.add_argument("--output", default=None, metavar="FILE.json", help="write one JSON record per measurement")
+    parser.add_argument("--output", default=None, metavar="FILE.json", help="write the records as JSON, updated after every case")
     parser.add_argument("--plot", default=None, metavar="DIR", help="write PNG plots into DIR")
     parser.add_argument("--report", default=None, metavar="FILE.md", help="write a Markdown report (tables, plots, reading)")
     parser.set_defaults(handler=run_bench)
+
+
+def apply_presets(args) -> None:
+    """Fill the options the user left out from --quick's or the full run's presets."""
+    preset = {**FULL, "kinds": list(KINDS), **(QUICK if args.quick else {})}
+    for key, value in preset.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
 
 
 def options_for(name: str, options: list[tuple[str, object]]) -> dict:
@@ -88,30 +113,81 @@ def bench_cases(args) -> list[Case]:
     return cases
 
 
+def check_cases(cases: list[Case]) -> None:
+    """Build and run every distinct case once at a tiny length, before any measurement: a bad option
+    is a ValueError naming the case, not a failure discovered an hour into the run."""
+    seen = set()
+    for case in cases:
+        key = (case.kind, case.name, case.causal, json.dumps(case.options, sort_keys=True))
+        if key in seen:
+            continue
+        seen.add(key)
+        tiny = Case(case.kind, case.name, case.causal, CHECK_LENGTH, case.dim, 1, case.dtype, case.device, case.options)
+        try:
+            module, inputs = tiny.build()
+            with torch.no_grad():
+                module(inputs)
+        except ValueError as error:
+            raise ValueError(
+                f"{case.kind} {case.name!r} ({'causal' if case.causal else 'bidirectional'}) with options {case.options}: {error}"
+            ) from None
+
+
+def source_revision() -> str | None:
+    """The git commit of the tokenmix source being measured (``-dirty`` with uncommitted changes); None outside a checkout."""
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*arguments: str) -> str | None:
+        try:
+            result = subprocess.run(["git", "-C", str(root), *arguments], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return result.stdout.strip() if result.returncode == 0 else None
+
+    if git("rev-parse", "--show-toplevel") != str(root):
+        return None
+    commit = git("rev-parse", "--short=12", "HEAD")
+    return commit and commit + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def run_bench(args) -> int:
-    if args.quick:
-        for key, value in QUICK.items():
-            setattr(args, key, value)
-    cases = bench_cases(args)
-    torch.set_num_threads(args.threads)
-    in_process = torch.device(args.device).type == "cuda"
+    with user_input():
+        apply_presets(args)
+        device = resolve_device(args.device)
+        cases = bench_cases(args)
+        torch.set_num_threads(args.threads)
+        check_cases(cases)
+        for path in (args.output, args.report):
+            if path:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+    in_process = device.type == "cuda"
+    allocator = retain_freed_memory() if in_process else None
+    revision = source_revision()
     records = []
     for case in tqdm(cases, desc="bench", unit="case"):
-        measurement = measure(case, args.repeats) if in_process else run_in_subprocess(case, args.repeats, args.threads)
+        if in_process:
+            try:
+                measurement = measure(case, args.repeats)
+            except RuntimeError as error:  # e.g. CUDA out of memory: keep the other cases
+                measurement = failed_measurement(case, f"{type(error).__name__}: {error}")
+            measurement.retain_freed_memory = allocator
+        else:
+            measurement = run_in_subprocess(case, args.repeats, args.threads)
+        measurement.git_commit = revision
         records.append(measurement.to_dict())
+        if args.output:
+            write_json_atomic(args.output, records)
     machine = f"{platform.machine()}, {args.threads} threads, torch {torch.__version__}, {args.device}, {args.dtype}"
-    print(f"# {machine}; batch*length {args.batch_tokens}, median of {args.repeats}")
-    print(format_table(records, TABLE_COLUMNS))
-    for path in (args.output, args.report):
-        if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-    if args.output:
-        Path(args.output).write_text(json.dumps(records, indent=2) + "\n")
+    print(f"# {machine}; batch*length {args.batch_tokens}, median of {args.repeats}; source {revision or 'not a git checkout'}")
+    print(format_table(records, table_columns(records)))
+    failed = [record for record in records if record["error"]]
     plots = write_plots(records, args.plot) if args.plot else []
     if args.report:
         command = "tokenmix " + " ".join(shlex.quote(argument) for argument in args.argv)
-        Path(args.report).write_text(markdown_report(records, command, machine, plots, args.report))
-    return 0
+        write_text_atomic(args.report, markdown_report(records, command, machine, plots, args.report))
+    if failed:
+        print(f"{len(failed)} of {len(records)} cases failed (see the error column)")
+    return 1 if failed else 0
 
 
 def add_compare(subparsers) -> None:
@@ -121,16 +197,22 @@ def add_compare(subparsers) -> None:
     parser.set_defaults(handler=run_compare)
 
 
-def _read_records(path: str) -> list[dict]:
+def read_records(path: str) -> list[dict]:
+    """The measurement records of a ``tokenmix bench --output`` file; ValueError for anything else."""
     try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as error:
+        records = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{path!r} is not a readable bench JSON file: {error}") from None
+    required = {"mixer", "causal", "length", "forward_ms", "forward_backward_ms"}  # "kind" came later: default "mixer"
+    if not isinstance(records, list) or not all(isinstance(r, dict) and required <= set(r) for r in records):
+        raise ValueError(f"{path!r} is not a `tokenmix bench --output` file: expected a list of records with {sorted(required)}")
+    return records
 
 
 def run_compare(args) -> int:
-    rows = comparison_rows(_read_records(args.before), _read_records(args.after))
-    if not rows:
-        raise ValueError("the two files share no (kind, mixer, causal, length) measurement")
+    with user_input():
+        rows = comparison_rows(read_records(args.before), read_records(args.after))
+        if not rows:
+            raise ValueError("the two files share no measured (kind, mixer, causal, length) case")
     print(format_table(rows, list(rows[0])))
     return 0

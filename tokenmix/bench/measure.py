@@ -3,6 +3,12 @@
 CPU peak memory is the peak resident set size of a fresh process during one training step,
 over its resident size just before it (``tokenmix.bench.worker`` runs each case in its own
 process so measurements cannot pollute each other). CUDA uses ``max_memory_allocated``.
+
+The FFT floor of an FFT-based mixer is the fastest bare ``rfft`` + ``irfft`` round trip of the
+same data at the same FFT size N >= 2n, over the two layouts the data can be transformed in:
+along dim 1 of the (batch, length, channels) tensor as given (strided), and along the last dim of
+a contiguous channels-first copy (the copy not timed). Both are recorded; the floor is the minimum,
+so no mixer can honestly run below it.
 """
 
 from __future__ import annotations
@@ -36,14 +42,38 @@ class Measurement:
     tokens_per_s: float
     peak_mem_mb: float
     fft_floor_ms: float | None
+    fft_channels_last_ms: float | None
+    fft_channels_first_ms: float | None
     fwd_ratio_to_fft: float | None
     fwdbwd_ratio_to_fft: float | None
+    retain_freed_memory: bool | None = None  # the allocator setting of the measuring process
+    git_commit: str | None = None
+    error: str | None = None  # why the case failed (every timing then None)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 MEASUREMENT_FIELDS = tuple(Measurement.__dataclass_fields__)
+FLOOR_FIELDS = ("fft_channels_last_ms", "fft_channels_first_ms", "fft_floor_ms")
+TIMING_FIELDS = (
+    "forward_ms",
+    "forward_backward_ms",
+    "tokens_per_s",
+    "peak_mem_mb",
+    *FLOOR_FIELDS,
+    "fwd_ratio_to_fft",
+    "fwdbwd_ratio_to_fft",
+)
+
+
+def failed_measurement(case: Case, error: str) -> Measurement:
+    """The record of a case that could not be measured: its identity, no timings, the reason."""
+    timings = dict.fromkeys(TIMING_FIELDS)
+    return Measurement(
+        kind=case.kind, mixer=case.name, causal=case.causal, length=case.length, batch=case.batch, dim=case.dim,
+        dtype=case.dtype, device=case.device, threads=torch.get_num_threads(), torch=torch.__version__, **timings, error=error,
+    )  # fmt: skip
 
 
 def _resident_mb() -> float:
@@ -56,16 +86,27 @@ def _peak_resident_mb() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
-def fft_floor_ms(x: torch.Tensor, repeats: int) -> float:
-    """A bare rfft + irfft round trip along the length of x (batch, length, channels), at N >= 2n."""
+def fft_floor_ms(x: torch.Tensor, repeats: int) -> dict[str, float]:
+    """Bare rfft + irfft round trips of x (batch, length, channels) along its length at N >= 2n.
+
+    Returns the channels-last time (along dim 1, as x lies), the channels-first time (along the
+    last dim of a contiguous transposed copy) and the floor, their minimum.
+    """
     n = x.shape[1]
     size = fast_fft_size(2 * n)
+    channels_last = x.float()
+    channels_first = channels_last.transpose(1, 2).contiguous()
 
-    def round_trip():
-        with torch.no_grad():
-            return torch.fft.irfft(torch.fft.rfft(x.float(), n=size, dim=1), n=size, dim=1)[:, :n]
+    def round_trip(data: torch.Tensor, dim: int):
+        def run():
+            with torch.no_grad():
+                return torch.fft.irfft(torch.fft.rfft(data, n=size, dim=dim), n=size, dim=dim).narrow(dim, 0, n)
 
-    return median_ms(round_trip, x.device, repeats)
+        return run
+
+    last = median_ms(round_trip(channels_last, 1), x.device, repeats)
+    first = median_ms(round_trip(channels_first, -1), x.device, repeats)
+    return {"fft_channels_last_ms": last, "fft_channels_first_ms": first, "fft_floor_ms": min(last, first)}
 
 
 def measure(case: Case, repeats: int = 7) -> Measurement:
@@ -99,7 +140,8 @@ def measure(case: Case, repeats: int = 7) -> Measurement:
             return module(inputs)
 
     forward_ms = median_ms(forward, device, repeats)
-    floor = fft_floor_ms(inputs, repeats) if getattr(module, "fft_based", False) else None
+    floors = fft_floor_ms(inputs, repeats) if getattr(module, "fft_based", False) else dict.fromkeys(FLOOR_FIELDS)
+    floor = floors["fft_floor_ms"]
     return Measurement(
         kind=case.kind,
         mixer=case.name,
@@ -115,7 +157,7 @@ def measure(case: Case, repeats: int = 7) -> Measurement:
         forward_backward_ms=forward_backward_ms,
         tokens_per_s=case.batch * case.length / (forward_backward_ms / 1e3),
         peak_mem_mb=peak,
-        fft_floor_ms=floor,
+        **floors,
         fwd_ratio_to_fft=forward_ms / floor if floor else None,
         fwdbwd_ratio_to_fft=forward_backward_ms / floor if floor else None,
     )

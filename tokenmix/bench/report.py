@@ -1,4 +1,8 @@
-"""Benchmark plots (PNG) and the Markdown report, generated from measurement records."""
+"""Benchmark plots (PNG) and the Markdown report, generated from measurement records.
+
+The report states what was measured and what the numbers say (ratios, growth, comparisons); the
+targets and the papers' claims they are read against live in the docs, not here.
+"""
 
 from __future__ import annotations
 
@@ -8,46 +12,35 @@ from pathlib import Path
 
 from ..table import format_table
 
-TABLE_COLUMNS = [
-    "kind",
-    "mixer",
-    "causal",
-    "length",
-    "batch",
-    "forward_ms",
-    "forward_backward_ms",
-    "tokens_per_s",
-    "peak_mem_mb",
-    "fft_floor_ms",
-    "fwd_ratio_to_fft",
-    "fwdbwd_ratio_to_fft",
-]
-# Foundation issue targets for the Toeplitz mixers, as multiples of a bare rfft + irfft round trip.
-EVAL_TARGET, TRAIN_TARGET = 1.3, 3.5
-TARGETED = ("tno", "fd_tno")
-# The papers' speed claims (shared/references.md) and where the report tests them.
-CLAIMS = [
-    "TNN (paper 002): O(n log n) token mixing. See the growth of training time per token with length below "
-    "(1.0x would be linear; log-linear gives a slow rise) and the TNO rows against the FFT round trip.",
-    "FNetAR (paper 003): expected to be faster than Transformer-XL, which it replaces half the attention layers of. "
-    "See the fnet_ar_xl against transformer_xl layer and model lines below.",
-    "FD-TNN and SKI-TNN (paper 000: FD 5-15% faster causal, 35-80% faster bidirectional; SKI 25-30% faster with "
-    "17-42% less memory). See the mixer lines 'relative to tno' below: a time ratio of 0.77x is 1.3x faster.",
-    "TCN against EMA (paper 004: the TCN up to 7.07x / 2.86x faster forward / backward, 8k-131k tokens, V100). "
-    "Run with --mixers tcn,ema and see the lines 'relative to tcn' below: ema's time ratios are the TCN's speed-ups.",
-]
+BASE_COLUMNS = ["kind", "mixer", "causal", "length", "batch", "forward_ms", "forward_backward_ms", "tokens_per_s", "peak_mem_mb"]
+FLOOR_COLUMNS = ["fft_floor_ms", "fwd_ratio_to_fft", "fwdbwd_ratio_to_fft"]
+DIRECTIONS = {False: "bidirectional", True: "causal"}
+
+
+def table_columns(records: list[dict]) -> list[str]:
+    """The table's columns: the floor ones when any record has a floor, the error when any failed."""
+    columns = list(BASE_COLUMNS)
+    if any(record.get("fft_floor_ms") is not None for record in records):
+        columns += FLOOR_COLUMNS
+    if any(record.get("error") for record in records):
+        columns.append("error")
+    return columns
+
+
+def measured(records: list[dict]) -> list[dict]:
+    return [record for record in records if not record.get("error")]
 
 
 def _series(records: list[dict]) -> dict[tuple, list[dict]]:
     groups = defaultdict(list)
-    for record in records:
+    for record in measured(records):
         groups[(record["kind"], record["mixer"], record["causal"])].append(record)
     return {key: sorted(rows, key=lambda r: r["length"]) for key, rows in groups.items()}
 
 
 def _label(key: tuple) -> str:
     kind, name, causal = key
-    return f"{name} {kind} ({'causal' if causal else 'bidirectional'})"
+    return f"{name} {kind} ({DIRECTIONS[causal]})"
 
 
 def _pyplot():
@@ -59,58 +52,119 @@ def _pyplot():
     return plt
 
 
-def _finish(figure, axes, path: Path) -> Path:
-    """Grid on every axis, a small legend on the last one, save as PNG and close."""
-    for axis in axes:
-        axis.grid(True, which="both", alpha=0.3)
-    axes[-1].legend(fontsize=7)
-    figure.tight_layout()
+def _panels(series: dict[tuple, list[dict]]) -> list[tuple[str, bool]]:
+    """(kind, causal) pairs present, in a fixed order: one plot panel each."""
+    present = {(kind, causal) for kind, _, causal in series}
+    return [(kind, causal) for kind in ("mixer", "layer", "model") for causal in (False, True) if (kind, causal) in present]
+
+
+def _grid(plt, panels: list[tuple[str, bool]], columns_per_panel: int = 1):
+    """A figure with one row per kind and a block of columns per direction measured; {panel: its axes}."""
+    kinds = [kind for kind in ("mixer", "layer", "model") if any(k == kind for k, _ in panels)]
+    directions = [causal for causal in (False, True) if any(c == causal for _, c in panels)]
+    width = columns_per_panel * len(directions)
+    figure, axes = plt.subplots(len(kinds), width, figsize=(6.5 * width, 3.8 * len(kinds)), squeeze=False, layout="constrained")
+    slots = {}
+    for row, kind in enumerate(kinds):
+        for block, causal in enumerate(directions):
+            cells = list(axes[row][block * columns_per_panel : (block + 1) * columns_per_panel])
+            if (kind, causal) in panels:
+                slots[(kind, causal)] = cells
+            else:
+                for axis in cells:
+                    axis.set_visible(False)
+    return figure, slots
+
+
+def _finish(plt, figure, path: Path) -> Path:
     figure.savefig(path, dpi=110)
-    _pyplot().close(figure)
+    plt.close(figure)
     return path
 
 
+def _legend(axis) -> None:
+    from matplotlib.ticker import FuncFormatter
+
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    for ticks in (axis.xaxis, axis.yaxis):
+        ticks.set_major_formatter(plain)
+        ticks.set_minor_formatter(plain if ticks is axis.yaxis and axis.get_yscale() == "log" else FuncFormatter(lambda *_: ""))
+    axis.grid(True, which="both", alpha=0.3)
+    if axis.get_legend_handles_labels()[0]:
+        axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+
+
 def write_plots(records: list[dict], directory) -> list[Path]:
-    """time_vs_length.png, ratios.png (FFT-based mixers) and memory.png; returns the paths written."""
+    """time_vs_length.png, ratios.png (FFT-based mixers) and memory.png, one panel per kind and
+    direction; returns the paths written."""
     plt = _pyplot()
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     series = _series(records)
+    panels = _panels(series)
     written = []
+    if not panels:
+        return written
 
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for key, rows in series.items():
+    figure, slots = _grid(plt, panels, columns_per_panel=2)
+    for (kind, name, causal), rows in series.items():
         lengths = [r["length"] for r in rows]
-        axes[0].plot(lengths, [r["forward_ms"] for r in rows], marker="o", label=_label(key))
-        axes[1].plot(lengths, [r["forward_backward_ms"] for r in rows], marker="o", label=_label(key))
-        if rows[0]["fft_floor_ms"] is not None:
-            for axis in axes:
-                axis.plot(lengths, [r["fft_floor_ms"] for r in rows], linestyle=":", color="gray")
-    for axis, title in zip(axes, ["forward, eval mode", "forward + backward, training mode"], strict=True):
-        axis.set(xscale="log", yscale="log", xlabel="sequence length", ylabel="median time (ms)", title=title)
-    figure.suptitle("time per call (dotted: bare rfft+irfft round trip)")
-    written.append(_finish(figure, axes, directory / "time_vs_length.png"))
-
-    fft_series = {key: rows for key, rows in series.items() if rows[0]["fft_floor_ms"] is not None}
-    if fft_series:
-        figure, axis = plt.subplots(figsize=(6.5, 4.2))
-        for key, rows in fft_series.items():
-            lengths = [r["length"] for r in rows]
-            label = _label(key)
-            (line,) = axis.plot(lengths, [r["fwdbwd_ratio_to_fft"] for r in rows], marker="o", label=f"{label} fwd+bwd")
-            axis.plot(
-                lengths, [r["fwd_ratio_to_fft"] for r in rows], marker="s", linestyle="--", color=line.get_color(), label=f"{label} fwd"
+        forward_axis, train_axis = slots[(kind, causal)]
+        (line,) = forward_axis.plot(lengths, [r["forward_ms"] for r in rows], marker="o", label=name)
+        train_axis.plot(lengths, [r["forward_backward_ms"] for r in rows], marker="o", label=name, color=line.get_color())
+    for (kind, causal), (forward_axis, train_axis) in slots.items():
+        for axis, what in ((forward_axis, "eval forward"), (train_axis, "training step")):
+            axis.set(
+                xscale="log",
+                yscale="log",
+                xlabel="sequence length",
+                ylabel="median time (ms)",
+                title=f"{kind}s, {DIRECTIONS[causal]}: {what}",
             )
-        axis.axhline(EVAL_TARGET, color="gray", linestyle=":", label=f"eval target {EVAL_TARGET}x")
-        axis.axhline(TRAIN_TARGET, color="black", linestyle=":", label=f"train target {TRAIN_TARGET}x")
-        axis.set(xscale="log", xlabel="sequence length", ylabel="time / FFT round trip", title="FFT-based mixers against the FFT floor")
-        written.append(_finish(figure, [axis], directory / "ratios.png"))
+            _legend(axis)
+    figure.suptitle("Time per call against sequence length")
+    written.append(_finish(plt, figure, directory / "time_vs_length.png"))
 
-    figure, axis = plt.subplots(figsize=(6.5, 4.2))
-    for key, rows in series.items():
-        axis.plot([r["length"] for r in rows], [r["peak_mem_mb"] for r in rows], marker="o", label=_label(key))
-    axis.set(xscale="log", yscale="log", xlabel="sequence length", ylabel="peak memory of a training step (MB)", title="memory")
-    written.append(_finish(figure, [axis], directory / "memory.png"))
+    fft_series = {key: rows for key, rows in series.items() if rows[0].get("fft_floor_ms") is not None}
+    if fft_series:
+        directions = sorted({causal for _, _, causal in fft_series})
+        figure, axes = plt.subplots(1, len(directions), figsize=(7.5 * len(directions), 4.5), squeeze=False, layout="constrained")
+        for (_, name, causal), rows in fft_series.items():
+            axis = axes[0][directions.index(causal)]
+            lengths = [r["length"] for r in rows]
+            (line,) = axis.plot(lengths, [r["fwdbwd_ratio_to_fft"] for r in rows], marker="o", label=f"{name} training step")
+            axis.plot(
+                lengths,
+                [r["fwd_ratio_to_fft"] for r in rows],
+                marker="s",
+                linestyle="--",
+                color=line.get_color(),
+                label=f"{name} eval forward",
+            )
+        for causal, axis in zip(directions, axes[0], strict=True):
+            axis.axhline(1.0, color="gray", linestyle=":", label="the floor")
+            axis.set(
+                xscale="log",
+                xlabel="sequence length",
+                ylabel="time / fastest bare rfft + irfft",
+                title=f"FFT-based mixers, {DIRECTIONS[causal]}",
+            )
+            _legend(axis)
+        written.append(_finish(plt, figure, directory / "ratios.png"))
+
+    figure, slots = _grid(plt, panels)
+    for (kind, name, causal), rows in series.items():
+        slots[(kind, causal)][0].plot([r["length"] for r in rows], [r["peak_mem_mb"] for r in rows], marker="o", label=name)
+    for (kind, causal), (axis,) in slots.items():
+        axis.set(
+            xscale="log",
+            yscale="log",
+            xlabel="sequence length",
+            ylabel="peak memory of a training step (MB)",
+            title=f"{kind}s, {DIRECTIONS[causal]}",
+        )
+        _legend(axis)
+    written.append(_finish(plt, figure, directory / "memory.png"))
     return written
 
 
@@ -119,21 +173,13 @@ def _range(values: list[float]) -> str:
 
 
 def reading(records: list[dict]) -> list[str]:
-    """Sentences computed from the records: the targets met or missed, and how time grows."""
+    """Sentences computed from the records: ratios to the FFT floor, how time grows, comparisons."""
     lines = []
     for key, rows in _series(records).items():
         label = _label(key)
-        if rows[0]["fft_floor_ms"] is not None:
-            forward = [r["fwd_ratio_to_fft"] for r in rows]
-            train = [r["fwdbwd_ratio_to_fft"] for r in rows]
-            lengths = ", ".join(str(r["length"]) for r in rows)
-            targeted = key[1] in TARGETED
-            eval_verdict = f" (target <= {EVAL_TARGET}x: {'met' if max(forward) <= EVAL_TARGET else 'missed'})" if targeted else ""
-            train_verdict = f" (target <= {TRAIN_TARGET}x: {'met' if max(train) <= TRAIN_TARGET else 'missed'})" if targeted else ""
-            lines.append(
-                f"{label}, lengths {lengths}: eval forward {_range(forward)} the FFT round trip{eval_verdict}; "
-                f"training forward+backward {_range(train)}{train_verdict}."
-            )
+        if rows[0].get("fft_floor_ms") is not None:
+            ratios = ", ".join(f"{r['length']}: {r['fwd_ratio_to_fft']:.2f}x / {r['fwdbwd_ratio_to_fft']:.2f}x" for r in rows)
+            lines.append(f"{label} against the FFT floor (eval forward / training step), by length: {ratios}.")
         if len(rows) > 1:
             first, last = rows[0], rows[-1]
             per_token = (last["forward_backward_ms"] / (last["batch"] * last["length"])) / (
@@ -148,13 +194,15 @@ def reading(records: list[dict]) -> list[str]:
                 f"as at {before_last['length']}."
             )
     lines += _comparisons(records)
+    failed = [r for r in records if r.get("error")]
+    lines += [f"{r['mixer']} {r['kind']} ({DIRECTIONS[r['causal']]}) at length {r['length']} failed: {r['error']}" for r in failed]
     return lines
 
 
 def _comparisons(records: list[dict]) -> list[str]:
     """Different names of one kind at the same length: time and memory against the first name measured."""
     groups = defaultdict(list)
-    for record in records:
+    for record in measured(records):
         groups[(record["kind"], record["causal"], record["length"])].append(record)
     lines = []
     for (kind, causal, length), rows in groups.items():
@@ -165,35 +213,37 @@ def _comparisons(records: list[dict]) -> list[str]:
                 f"{r['peak_mem_mb'] / base['peak_mem_mb']:.2f}x memory (eval forward {r['forward_ms'] / base['forward_ms']:.2f}x time)"
                 for r in rows[1:]
             )
-            mode = "causal" if causal else "bidirectional"
-            lines.append(f"{kind} training step at length {length} ({mode}), relative to {base['mixer']}: {others}.")
+            lines.append(f"{kind} training step at length {length} ({DIRECTIONS[causal]}), relative to {base['mixer']}: {others}.")
     return lines
 
 
 def markdown_report(records: list[dict], command: str, machine: str, plot_paths: list[Path], report_path) -> str:
     report_dir = Path(report_path).resolve().parent
+    revisions = sorted({str(r.get("git_commit")) for r in records})
+    allocator = sorted({str(r.get("retain_freed_memory")) for r in records})
     parts = [
         "# Benchmarks",
         "",
-        f"Generated by `{command}` on {machine}. Do not edit by hand: re-run the command.",
+        f"Generated by `{command}` on {machine}, source {', '.join(revisions)}, retain_freed_memory {', '.join(allocator)}.",
+        "Do not edit by hand: re-run the command.",
         "",
         "Times are medians of repeats after warm-up. Peak memory is that of one training step: on CPU the peak",
         "resident size of a fresh process over its size just before the step; on CUDA `max_memory_allocated`.",
-        "The FFT floor is a bare `torch.fft.rfft` + `irfft` round trip of the same (batch, length, channels)",
-        "tensor along the length dimension at the FFT size the mixer uses (N >= 2n).",
+        "The FFT floor is the fastest bare `torch.fft.rfft` + `irfft` round trip of the same data at the FFT size",
+        "the mixer uses (N >= 2n), over two layouts: along the length of the (batch, length, channels) tensor as",
+        "given, and along the last dimension of a contiguous (batch, channels, length) copy; the JSON records both.",
         "",
     ]
     for kind in ("mixer", "layer", "model"):
         rows = [r for r in records if r["kind"] == kind]
         if rows:
-            columns = TABLE_COLUMNS if kind == "mixer" else [c for c in TABLE_COLUMNS if "fft" not in c]
             dims = sorted({r["dim"] for r in rows})
-            parts += [f"## {kind.capitalize()}s (dim {', '.join(map(str, dims))})", "", format_table(rows, columns), ""]
-    parts += ["## Plots", ""]
-    parts += [f"![{Path(path).stem}]({os.path.relpath(Path(path).resolve(), report_dir)})" for path in plot_paths]
-    parts += ["", "## The papers' claims", ""]
-    parts += [f"- {claim}" for claim in CLAIMS]
-    parts += ["", "## Reading (computed from the tables above)", ""]
+            parts += [f"## {kind.capitalize()}s (dim {', '.join(map(str, dims))})", "", format_table(rows, table_columns(rows)), ""]
+    if plot_paths:
+        parts += ["## Plots", ""]
+        parts += [f"![{Path(path).stem}]({os.path.relpath(Path(path).resolve(), report_dir)})" for path in plot_paths]
+        parts += [""]
+    parts += ["## Reading (computed from the tables above)", ""]
     parts += [f"- {line}" for line in reading(records)]
     return "\n".join(parts) + "\n"
 
@@ -201,9 +251,9 @@ def markdown_report(records: list[dict], command: str, machine: str, plot_paths:
 def comparison_rows(before: list[dict], after: list[dict]) -> list[dict]:
     """Records measured in both runs, matched by (kind, mixer, causal, length), with speed-ups."""
     key = lambda record: (record.get("kind", "mixer"), record["mixer"], record["causal"], record["length"])  # noqa: E731
-    earlier = {key(record): record for record in before}
+    earlier = {key(record): record for record in measured(before)}
     rows = []
-    for record in after:
+    for record in measured(after):
         old = earlier.get(key(record))
         if old is None:
             continue
@@ -219,8 +269,6 @@ def comparison_rows(before: list[dict], after: list[dict]) -> list[dict]:
                 "forward_backward_ms_before": old["forward_backward_ms"],
                 "forward_backward_ms_after": record["forward_backward_ms"],
                 "forward_backward_speedup": old["forward_backward_ms"] / record["forward_backward_ms"],
-                "fwdbwd_ratio_to_fft_before": old.get("fwdbwd_ratio_to_fft"),
-                "fwdbwd_ratio_to_fft_after": record.get("fwdbwd_ratio_to_fft"),
             }
         )
     return rows

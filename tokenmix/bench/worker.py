@@ -13,23 +13,26 @@ import torch
 
 from ..runtime import retain_freed_memory
 from .cases import Case
-from .measure import Measurement, measure
+from .measure import Measurement, failed_measurement, measure
 
 
 def run_in_subprocess(case: Case, repeats: int, threads: int) -> Measurement:
-    """Measure ``case`` in a fresh Python process (clean peak-RSS accounting on CPU)."""
+    """Measure ``case`` in a fresh Python process (clean peak-RSS accounting on CPU); a failure becomes a record with ``error``."""
     command = [sys.executable, "-m", "tokenmix.bench.worker", json.dumps(case.to_dict()), str(repeats), str(threads)]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
-        raise RuntimeError(f"benchmark worker failed for {case}:\n{result.stderr[-2000:]}")
+        lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+        return failed_measurement(case, lines[-1] if lines else f"worker exited with status {result.returncode}")
     return Measurement(**json.loads(result.stdout.strip().splitlines()[-1]))
 
 
 def main(argv: list[str]) -> None:
     case_json, repeats, threads = argv
-    retain_freed_memory()
+    retained = retain_freed_memory()
     torch.set_num_threads(int(threads))
-    print(json.dumps(measure(Case(**json.loads(case_json)), int(repeats)).to_dict()))
+    measurement = measure(Case(**json.loads(case_json)), int(repeats))
+    measurement.retain_freed_memory = retained
+    print(json.dumps(measurement.to_dict()))
 
 
 if __name__ == "__main__":

@@ -3,21 +3,20 @@
 from .ffn import Ffn
 from .glu import Glu, Gtu
 from .mega import MegaBlock
-from .prenorm import PreNormBlock, tcnca_simple_block, transformer_block
+from .prenorm import PreNormBlock, TcncaSimpleBlock, TransformerBlock
 from .tnn import TnnBlock
-from .xl import RelativeAttention, XlBlock, fnet_ar_xl_layers, xl_layers
+from .xl import FourierXlStack, RelativeAttention, XlBlock
 
 __all__ = [
     "Ffn",
+    "FourierXlStack",
     "Glu",
     "Gtu",
     "MegaBlock",
     "PreNormBlock",
     "RelativeAttention",
+    "TcncaSimpleBlock",
     "TnnBlock",
+    "TransformerBlock",
     "XlBlock",
-    "fnet_ar_xl_layers",
-    "tcnca_simple_block",
-    "transformer_block",
-    "xl_layers",
 ]

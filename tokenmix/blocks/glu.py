@@ -6,8 +6,9 @@ import torch
 from torch import nn
 
 from ..mixers.base import zero_padding
-from ..mixers.registry import build_mixer
+from ..mixers.registry import build_mixer, mixer_class
 from ..ops.activations import get_activation
+from ..options import Configurable, take_options
 from ..validation import check_int
 
 
@@ -27,7 +28,7 @@ class Glu(nn.Module):
         return self.out(self.dropout(self.act(self.gate(x)) * self.value(x)))
 
 
-class Gtu(nn.Module):
+class Gtu(Configurable, nn.Module):
     """Gated token unit: W_o(u * Mixer(v)), u = act(W_u x), v = act(W_v x), width expand * dim.
 
     The token mixer (a TNO in TNN) is built by name, so SKI/FD variants reuse this block.
@@ -52,6 +53,13 @@ class Gtu(nn.Module):
         self.mixer = build_mixer(mixer, width, causal, **mixer_options)
         self.out = nn.Linear(width, dim)
         self.dropout = nn.Dropout(dropout)
+
+    @classmethod
+    def resolve_options(cls, options: dict) -> tuple[dict, dict]:
+        """The GTU's options and its mixer's (chosen by ``mixer``), defaults filled in."""
+        own, rest = take_options(cls.__init__, options)
+        mixer_options, unknown = mixer_class(own["mixer"]).resolve_options(rest)
+        return {**mixer_options, **own}, unknown
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         u = self.act(self.gate(x))

@@ -19,8 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..mixers.attention import RelativePosition
-from ..mixers.registry import build_mixer
+from ..mixers.registry import build_mixer, mixer_class
 from ..ops.attention import chunked_attention
+from ..options import Configurable, take_options
 from ..validation import check_int
 from .ffn import Ffn
 
@@ -36,7 +37,17 @@ def sequence_options(sequence_mixer: str, tcn_depth: int | None, options: dict) 
     return {**options, "depth": tcn_depth}
 
 
-class MegaBlock(nn.Module):
+def resolve_with_sequence_mixer(own: dict, rest: dict, sequence_mixer: str) -> tuple[dict, dict]:
+    """A block's own options plus its sequence mixer's, the TCN's ``depth`` recorded as ``tcn_depth``."""
+    mixer_options, unknown = mixer_class(sequence_mixer).resolve_options(sequence_options(sequence_mixer, own["tcn_depth"], rest))
+    if sequence_mixer == "tcn":
+        own = {**own, "tcn_depth": mixer_options.pop("depth")}
+    return {**mixer_options, **own}, unknown
+
+
+class MegaBlock(Configurable, nn.Module):
+    no_weight_decay = ("qk_scale", "qk_offset")
+
     def __init__(
         self,
         dim: int,
@@ -73,6 +84,13 @@ class MegaBlock(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.ffn_norm = nn.LayerNorm(dim)
         self.ffn = Ffn(dim, ffn_expand, "silu", dropout)
+
+    @classmethod
+    def resolve_options(cls, options: dict) -> tuple[dict, dict]:
+        own, rest = take_options(cls.__init__, options)
+        if own["sequence_mixer"] not in SEQUENCE_MIXERS:
+            raise ValueError(f"sequence_mixer must be one of {list(SEQUENCE_MIXERS)}, got {own['sequence_mixer']!r}")
+        return resolve_with_sequence_mixer(own, rest, own["sequence_mixer"])
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         h = self.norm(x)

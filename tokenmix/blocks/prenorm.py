@@ -1,7 +1,7 @@
 """Plain pre-norm blocks: x + M_1(norm(x)), ..., x + M_k(norm(x)), then x + FFN(norm(x)).
 
-- ``transformer_block``: one full-attention mixer (the Transformer baseline; rotary positions).
-- ``tcnca_simple_block``: TCN, then chunked attention (TCNCA-simple, paper 004, Appendix C, Fig. 4:
+- ``TransformerBlock``: one full-attention mixer (the Transformer baseline; rotary positions).
+- ``TcncaSimpleBlock``: TCN, then chunked attention (TCNCA-simple, paper 004, Appendix C, Fig. 4:
   TCN -> chunked attention -> MLP without MEGA's gates and highway; our reading of the figure is
   a plain pre-norm residual around each of the three).
 """
@@ -12,11 +12,12 @@ import torch
 from torch import nn
 
 from ..mixers.registry import build_mixer
+from ..options import Configurable, take_options
 from .ffn import Ffn
-from .mega import sequence_options
+from .mega import resolve_with_sequence_mixer, sequence_options
 
 
-class PreNormBlock(nn.Module):
+class PreNormBlock(Configurable, nn.Module):
     def __init__(self, dim: int, mixers: list[nn.Module], ffn_expand: int, ffn_activation: str, dropout: float):
         super().__init__()
         self.mixers = nn.ModuleList(mixers)
@@ -31,34 +32,43 @@ class PreNormBlock(nn.Module):
         return x + self.dropout(self.ffn(self.ffn_norm(x)))
 
 
-def transformer_block(
-    dim: int,
-    causal: bool,
-    heads: int = 4,
-    chunk_size: int | None = None,
-    position: str = "rotary",
-    max_distance: int | None = None,
-    ffn_expand: int = 4,
-    dropout: float = 0.0,
-) -> PreNormBlock:
-    attention = build_mixer("attention", dim, causal, heads=heads, chunk_size=chunk_size, position=position, max_distance=max_distance)
-    return PreNormBlock(dim, [attention], ffn_expand, "gelu", dropout)
+class TransformerBlock(PreNormBlock):
+    def __init__(
+        self,
+        dim: int,
+        causal: bool,
+        heads: int = 4,
+        chunk_size: int | None = None,
+        position: str = "rotary",
+        max_distance: int | None = None,
+        ffn_expand: int = 4,
+        dropout: float = 0.0,
+    ):
+        attention = build_mixer("attention", dim, causal, heads=heads, chunk_size=chunk_size, position=position, max_distance=max_distance)
+        super().__init__(dim, [attention], ffn_expand, "gelu", dropout)
 
 
-def tcnca_simple_block(
-    dim: int,
-    causal: bool,
-    chunk_size: int = 128,
-    heads: int = 1,
-    position: str = "rotary",
-    max_distance: int | None = None,
-    ffn_expand: int = 2,
-    dropout: float = 0.0,
-    tcn_depth: int | None = None,
-    **tcn_options,
-) -> PreNormBlock:
-    tcn = build_mixer("tcn", dim, causal, **sequence_options("tcn", tcn_depth, tcn_options))
-    attention = build_mixer(
-        "chunked_attention", dim, causal, chunk_size=chunk_size, heads=heads, position=position, max_distance=max_distance
-    )
-    return PreNormBlock(dim, [tcn, attention], ffn_expand, "silu", dropout)
+class TcncaSimpleBlock(PreNormBlock):
+    def __init__(
+        self,
+        dim: int,
+        causal: bool,
+        chunk_size: int = 128,
+        heads: int = 1,
+        position: str = "rotary",
+        max_distance: int | None = None,
+        ffn_expand: int = 2,
+        dropout: float = 0.0,
+        tcn_depth: int | None = None,
+        **tcn_options,
+    ):
+        tcn = build_mixer("tcn", dim, causal, **sequence_options("tcn", tcn_depth, tcn_options))
+        attention = build_mixer(
+            "chunked_attention", dim, causal, chunk_size=chunk_size, heads=heads, position=position, max_distance=max_distance
+        )
+        super().__init__(dim, [tcn, attention], ffn_expand, "silu", dropout)
+
+    @classmethod
+    def resolve_options(cls, options: dict) -> tuple[dict, dict]:
+        own, rest = take_options(cls.__init__, options)
+        return resolve_with_sequence_mixer(own, rest, "tcn")

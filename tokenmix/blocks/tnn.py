@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..options import Configurable, take_options
 from .glu import Glu, Gtu
 
 
-class TnnBlock(nn.Module):
+class TnnBlock(Configurable, nn.Module):
     def __init__(
         self,
         dim: int,
@@ -24,6 +25,13 @@ class TnnBlock(nn.Module):
         self.channel_norm = nn.LayerNorm(dim)
         self.channel_mixing = Glu(dim, glu_expand, glu_activation, dropout)
         self.dropout = nn.Dropout(dropout)
+
+    @classmethod
+    def resolve_options(cls, options: dict) -> tuple[dict, dict]:
+        """The block's options and its GTU's (which shares ``dropout``), defaults filled in."""
+        own, rest = take_options(cls.__init__, options)
+        gtu_options, unknown = Gtu.resolve_options({**rest, "dropout": own["dropout"]})
+        return {**gtu_options, **own}, unknown
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         x = x + self.dropout(self.token_mixing(self.token_norm(x), mask))

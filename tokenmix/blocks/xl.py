@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..mixers.fnet import FnetAr
+from ..options import Configurable, take_options
 from ..validation import check_int
 from .ffn import Ffn
 
@@ -39,6 +40,8 @@ def sinusoid_positions(count: int, dim: int, device=None) -> torch.Tensor:
 
 class RelativeAttention(nn.Module):
     """Multi-head causal attention of a segment over [memory; segment] with relative positions."""
+
+    no_weight_decay = ("content_bias", "position_bias")
 
     def __init__(self, dim: int, heads: int = 4, dropout: float = 0.0):
         super().__init__()
@@ -71,7 +74,7 @@ class RelativeAttention(nn.Module):
         return self.out(torch.einsum("bhij,bjhd->bihd", weights, v).reshape(batch, n, dim))
 
 
-class XlBlock(nn.Module):
+class XlBlock(Configurable, nn.Module):
     """One Transformer-XL layer; ``mixer`` is "attention" or "fnet_ar" (window W = ``window``)."""
 
     recurrent = True
@@ -125,11 +128,6 @@ class XlBlock(nn.Module):
         return x + self.dropout(self.ffn(self.ffn_norm(x)))
 
 
-def xl_layers(dim: int, causal: bool, depth: int, mixer: str = "attention", **options) -> list[nn.Module]:
-    """``depth`` Transformer-XL layers, all with the same mixer."""
-    return [XlBlock(dim, causal, mixer, **options) for _ in range(depth)]
-
-
 FOURIER_PLACEMENTS = ("alternating", "bottom", "top")
 
 
@@ -146,10 +144,24 @@ def fourier_layer_indices(depth: int, count: int, placement: str) -> set[int]:
     return {depth - 1 - int(i * spacing) for i in range(count)}
 
 
-def fnet_ar_xl_layers(
-    dim: int, causal: bool, depth: int, fourier_layers: int | None = None, fourier_placement: str = "alternating", **options
-) -> list[nn.Module]:
+class FourierXlStack:
     """Transformer-XL layers with ``fourier_layers`` (default half) of them FNetAR (paper 003, §III)."""
-    count = depth // 2 if fourier_layers is None else fourier_layers
-    chosen = fourier_layer_indices(depth, count, fourier_placement)
-    return [XlBlock(dim, causal, "fnet_ar" if index in chosen else "attention", **options) for index in range(depth)]
+
+    def __call__(
+        self, dim: int, causal: bool, depth: int, fourier_layers: int | None = None, fourier_placement: str = "alternating", **options
+    ) -> list[nn.Module]:
+        count = depth // 2 if fourier_layers is None else fourier_layers
+        chosen = fourier_layer_indices(depth, count, fourier_placement)
+        return [XlBlock(dim, causal, "fnet_ar" if index in chosen else "attention", **options) for index in range(depth)]
+
+    def resolve_options(self, options: dict, depth: int) -> tuple[dict, dict]:
+        """The stack's options (``fourier_layers`` resolved to a count) and the XL block's, without ``mixer``."""
+        if "mixer" in options:
+            raise ValueError("fnet_ar_xl picks each layer's mixer by fourier_layers and fourier_placement; 'mixer' is not an option")
+        own, rest = take_options(self.__call__, options, skip=("dim", "causal", "depth"))
+        if own["fourier_layers"] is None:
+            own["fourier_layers"] = depth // 2
+        fourier_layer_indices(depth, own["fourier_layers"], own["fourier_placement"])  # validates both
+        block, unknown = XlBlock.resolve_options(rest)
+        block.pop("mixer")
+        return {**block, **own}, unknown

@@ -10,11 +10,12 @@ simple relative bias; offsets beyond ``max_distance`` share the last value) or `
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..ops.attention import chunked_attention, rotary
 from ..validation import check_int
-from .base import Mixer, check_sequence, zero_padding
+from .base import Mixer
 from .registry import register_mixer
 
 POSITIONS = ("rotary", "bias", "none")
@@ -47,50 +48,78 @@ class RelativePosition(nn.Module):
         return f"position={self.position!r}" + (f", max_distance={self.max_distance}" if self.table is not None else "")
 
 
+def default_heads(dim: int, position: str) -> int:
+    """The most heads, up to 4, that split ``dim`` evenly (into even widths for rotary positions)."""
+    for heads in (4, 2, 1):
+        width, remainder = divmod(dim, heads)
+        if remainder == 0 and (position != "rotary" or width % 2 == 0):
+            return heads
+    raise ValueError(f"position='rotary' needs an even head width, impossible with dim={dim}; use position='bias' or 'none'")
+
+
 @register_mixer("attention")
 class Attention(Mixer):
-    """Multi-head softmax attention (name ``attention``); ``chunk_size`` None sees the whole sequence."""
+    """Multi-head softmax attention (name ``attention``); ``chunk_size`` None sees the whole sequence.
+
+    ``heads`` None takes ``default_heads(dim, position)``: 4 when dim allows it. Projections run in
+    the input's dtype, so a float32 module takes bfloat16 or float64 input like every other mixer.
+    """
 
     def __init__(
         self,
         dim: int,
         causal: bool = False,
         *,
-        heads: int = 4,
+        heads: int | None = None,
         chunk_size: int | None = None,
         position: str = "rotary",
         max_distance: int | None = None,
     ):
         super().__init__(dim, causal)
-        check_int(heads, "heads")
+        if position not in POSITIONS:
+            raise ValueError(f"position must be one of {list(POSITIONS)}, got {position!r}")
+        heads = default_heads(dim, position) if heads is None else check_int(heads, "heads")
         if dim % heads:
             raise ValueError(f"dim={dim} must be divisible by heads={heads}")
+        if position == "rotary" and (dim // heads) % 2:
+            raise ValueError(f"position='rotary' needs an even head width dim / heads, got {dim} / {heads} = {dim // heads}")
         if chunk_size is not None:
             check_int(chunk_size, "chunk_size")
         self.heads, self.chunk_size = heads, chunk_size
         self.query_key_value = nn.Linear(dim, 3 * dim)
         self.out = nn.Linear(dim, dim)
         self.position = RelativePosition(position, max_distance or chunk_size or 1024)
-        if position == "rotary" and (dim // heads) % 2:
-            raise ValueError(f"position='rotary' needs an even head width dim / heads, got {dim // heads}")
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        check_sequence(x, self.dim, mask)
+    def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         batch, n, _ = x.shape
-        heads = self.query_key_value(zero_padding(x, mask)).view(batch, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        heads = linear_in_dtype(x, self.query_key_value).view(batch, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
         q, k = self.position.rotate(heads[0], heads[1])
         mixed = chunked_attention(q, k, heads[2], self.chunk_size, self.causal, mask, self.position.bias_function())
-        return self.out(mixed.transpose(1, 2).reshape(batch, n, self.dim))
+        return linear_in_dtype(mixed.transpose(1, 2).reshape(batch, n, self.dim), self.out)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, causal={self.causal}, heads={self.heads}, chunk_size={self.chunk_size}"
+
+
+def linear_in_dtype(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """``layer(x)`` computed in x's dtype, whatever the layer's."""
+    return F.linear(x, layer.weight.to(x.dtype), layer.bias.to(x.dtype))
 
 
 @register_mixer("chunked_attention")
 class ChunkedAttention(Attention):
     """Attention within blocks of ``chunk_size`` tokens (name ``chunked_attention``, default 128)."""
 
-    def __init__(self, dim: int, causal: bool = False, *, chunk_size: int = 128, **options):
+    def __init__(
+        self,
+        dim: int,
+        causal: bool = False,
+        *,
+        heads: int | None = None,
+        chunk_size: int = 128,
+        position: str = "rotary",
+        max_distance: int | None = None,
+    ):
         if chunk_size is None:
             raise ValueError("chunk_size must be an integer >= 1 for chunked_attention (use 'attention' for full attention)")
-        super().__init__(dim, causal, chunk_size=chunk_size, **options)
+        super().__init__(dim, causal, heads=heads, chunk_size=chunk_size, position=position, max_distance=max_distance)

@@ -1,11 +1,13 @@
-"""The mixer contract: (batch, length, dim) -> same shape, optional padding mask."""
+"""The mixer contract: (batch, length, dim) -> same shape and dtype, optional padding mask."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from ..validation import check_int
+from ..ops.toeplitz import naive_toeplitz_matrix
+from ..options import Configurable
+from ..validation import check_finite, check_int, finite_checks_enabled
 
 
 def check_sequence(x: torch.Tensor, dim: int, mask: torch.Tensor | None) -> None:
@@ -19,11 +21,21 @@ def check_sequence(x: torch.Tensor, dim: int, mask: torch.Tensor | None) -> None
         raise ValueError(f"x has {x.shape[2]} channels but the mixer was built with dim={dim}")
     if not x.is_floating_point():
         raise ValueError(f"x must be a floating point tensor, got dtype {x.dtype}")
-    if mask is not None:
-        if mask.dtype != torch.bool:
-            raise ValueError(f"mask must be a bool tensor (True at real tokens), got dtype {mask.dtype}")
-        if tuple(mask.shape) != tuple(x.shape[:2]):
-            raise ValueError(f"mask must have shape (batch, length) = {tuple(x.shape[:2])}, got {tuple(mask.shape)}")
+    check_mask(mask, tuple(x.shape[:2]))
+
+
+def check_mask(mask, shape: tuple[int, int]) -> None:
+    """ValueError unless mask is None or a bool tensor of ``shape`` (batch, length)."""
+    if mask is None:
+        return
+    if not isinstance(mask, torch.Tensor):
+        raise ValueError(
+            f"mask must be a bool torch.Tensor of shape (batch, length) = {shape}, True at real tokens; got {type(mask).__name__}"
+        )
+    if mask.dtype != torch.bool:
+        raise ValueError(f"mask must be a bool tensor (True at real tokens), got dtype {mask.dtype}")
+    if tuple(mask.shape) != shape:
+        raise ValueError(f"mask must have shape (batch, length) = {shape}, got {tuple(mask.shape)}")
 
 
 def zero_padding(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -31,8 +43,12 @@ def zero_padding(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return x if mask is None else x.masked_fill(~mask[..., None], 0.0)
 
 
-class Mixer(nn.Module):
-    """Base class: validates input, zeros padding, then calls ``mix`` on (batch, length, dim)."""
+class Mixer(Configurable, nn.Module):
+    """Base class: validates input, zeros padding, then calls ``mix(x, mask)`` on (batch, length, dim).
+
+    ``mix`` receives x with padded positions already zero and the mask (None when every token is
+    real); it returns x's shape and dtype. An empty batch never reaches it.
+    """
 
     fft_based = False
     causal_modes: tuple[bool, ...] = (False, True)  # the values of ``causal`` the mixer supports
@@ -45,10 +61,22 @@ class Mixer(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         check_sequence(x, self.dim, mask)
-        return self.mix(zero_padding(x, mask))
+        if finite_checks_enabled():
+            check_finite(x, mask)
+        if x.shape[0] == 0:
+            return x * 0  # nothing to mix; keeps the autograd graph
+        return self.mix(zero_padding(x, mask), mask)
 
-    def mix(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+    def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, causal={self.causal}"
+
+
+class ToeplitzOperator:
+    """Mixin of mixers whose operator is one Toeplitz matrix per channel, given by ``kernel(n)`` by lag."""
+
+    def operator_matrices(self, n: int) -> dict[str, torch.Tensor]:
+        """Named explicit (dim, n, n) matrices of the operator at length n (tests and plots)."""
+        return {"T": naive_toeplitz_matrix(self.kernel(n), n, self.causal)}

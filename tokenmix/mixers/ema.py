@@ -20,15 +20,16 @@ from ..ops.ema import ema_kernel, naive_ema
 from ..ops.fft import spectral_dtype
 from ..ops.toeplitz import toeplitz_matvec
 from ..validation import check_int
-from .base import Mixer
+from .base import Mixer, ToeplitzOperator
 from .registry import register_mixer
 
 
 @register_mixer("ema")
-class Ema(Mixer):
+class Ema(ToeplitzOperator, Mixer):
     """Damped EMA (name ``ema``), option ``ndim`` (N, default 16)."""
 
     fft_based = True
+    no_weight_decay = ("delta", "alpha", "beta", "gamma")
 
     def __init__(self, dim: int, causal: bool = False, *, ndim: int = 16):
         super().__init__(dim, causal)
@@ -59,7 +60,7 @@ class Ema(Mixer):
         zeros = kernels.new_zeros(n - 1, self.dim)
         return torch.cat([zeros, kernels[0]], dim=0) + torch.cat([kernels[1].flip(0), zeros], dim=0)
 
-    def mix(self, x: torch.Tensor) -> torch.Tensor:
+    def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         return F.silu(toeplitz_matvec(x, self.kernel(x.shape[1]), self.causal) + self.omega.to(x.dtype) * x)
 
     def naive_forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch
 from ..ops.fft import fast_fft_size, spectral_dtype
 from ..ops.hilbert import causal_impulse_response, causal_spectrum
 from ..ops.toeplitz import spectral_matvec
-from .base import Mixer
+from .base import Mixer, ToeplitzOperator
 from .registry import register_mixer
 from .rpe import RelativePositionEncoder
 from .tno import SpectrumCache, complex_readout
@@ -33,7 +33,7 @@ def rfft_frequencies(fft_size: int, device=None) -> torch.Tensor:
 
 
 @register_mixer("fd_tno")
-class FdTno(Mixer):
+class FdTno(ToeplitzOperator, Mixer):
     """Frequency-domain Toeplitz neural operator (name ``fd_tno``)."""
 
     fft_based = True
@@ -82,7 +82,7 @@ class FdTno(Mixer):
         taps = torch.fft.irfft(self.response(fft_size), n=fft_size, dim=-1)
         return torch.cat([taps[:, fft_size - (n - 1) :], taps[:, :n]], dim=1).t()
 
-    def mix(self, x: torch.Tensor) -> torch.Tensor:
+    def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         fft_size = fast_fft_size(2 * x.shape[1])
         spectrum = self._cache.get(self, fft_size, lambda: self.spectrum(fft_size))
         return spectral_matvec(x, spectrum, fft_size)

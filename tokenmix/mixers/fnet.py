@@ -26,7 +26,7 @@ class Fnet(Mixer):
         super().__init__(dim, causal)
         self.sequence_only = bool(sequence_only)
 
-    def mix(self, x: torch.Tensor) -> torch.Tensor:
+    def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         return fnet_mixing(x, self.sequence_only)
 
 
@@ -47,7 +47,7 @@ class FnetAr(Mixer):
         super().__init__(dim, causal)
         self.window = window
 
-    def mix(self, x: torch.Tensor) -> torch.Tensor:
+    def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         return fourier_ar_mix(x, self.window)
 
     def mix_stream(self, x: torch.Tensor, mask: torch.Tensor | None, history: torch.Tensor | None, start: int) -> torch.Tensor:

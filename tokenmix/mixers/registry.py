@@ -1,22 +1,22 @@
-"""Name -> mixer constructor registry (the public ``build_mixer`` / ``list_mixers``)."""
+"""Name -> mixer class registry (the public ``build_mixer`` / ``list_mixers``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from torch import nn
 
-_MIXERS: dict[str, Callable[..., nn.Module]] = {}
+from ..options import refuse_unknown
+
+_MIXERS: dict[str, type] = {}
 
 
 def register_mixer(name: str):
     """Class decorator adding a mixer under ``name``."""
 
-    def add(constructor):
+    def add(cls):
         if name in _MIXERS:
             raise ValueError(f"mixer {name!r} is already registered")
-        _MIXERS[name] = constructor
-        return constructor
+        _MIXERS[name] = cls
+        return cls
 
     return add
 
@@ -31,10 +31,13 @@ def mixer_class(name: str):
     return _MIXERS[name]
 
 
+def resolve_mixer_options(name: str, options: dict) -> dict:
+    """Every constructor option of mixer ``name``, defaults filled in; ValueError on unknown names."""
+    resolved, unknown = mixer_class(name).resolve_options(options)
+    refuse_unknown(unknown, resolved, f"mixer {name!r}")
+    return resolved
+
+
 def build_mixer(name: str, dim: int, causal: bool = False, **options) -> nn.Module:
     """Build a registered mixer: (batch, length, dim) -> (batch, length, dim)."""
-    constructor = mixer_class(name)
-    try:
-        return constructor(dim, causal, **options)
-    except TypeError as error:  # unknown keyword option
-        raise ValueError(f"bad options for mixer {name!r}: {error}") from None
+    return mixer_class(name)(dim, causal, **resolve_mixer_options(name, options))

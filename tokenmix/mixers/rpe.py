@@ -51,6 +51,8 @@ class PiecewiseLinearEncoder(nn.Module):
     Proposition 1 of paper 000: a ReLU MLP of a scalar is such a function anyway.
     """
 
+    no_weight_decay = ("negative", "positive")
+
     def __init__(self, out_features: int, knots: int = 32, gain: float = 1.0):
         super().__init__()
         check_int(knots, "knots")

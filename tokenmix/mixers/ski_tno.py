@@ -79,6 +79,8 @@ class _LengthCache:
 class SkiTno(Mixer):
     """Sparse + low-rank Toeplitz neural operator (name ``ski_tno``)."""
 
+    no_weight_decay = ("band",)
+
     def __init__(
         self,
         dim: int,
@@ -114,8 +116,8 @@ class SkiTno(Mixer):
         self.rpe = PiecewiseLinearEncoder(dim, knots, self.gain)
         bound = self.filter_size**-0.5 / self.gain  # taps = gain * parameters, uniform in +-1/sqrt(m) at init
         self.band = nn.Parameter(torch.empty(dim, self.filter_size).uniform_(-bound, bound))
-        self._weights = _LengthCache(lambda n, device: ski_weights(n, self.inducing_count(n), self.degree, device))
-        self._dense = _LengthCache(lambda n, device: dense_interpolation(n, self.inducing_count(n), self.degree, device))
+        self._weights = _LengthCache(self._sparse_weights)
+        self._dense = _LengthCache(self._dense_weights)
         self._basis_spectra = _LengthCache(self._causal_basis_spectrum)
         self._cache = SpectrumCache()
 
@@ -124,6 +126,12 @@ class SkiTno(Mixer):
             f"{super().extra_repr()}, filter_size={self.filter_size}, rank={self.rank}, decay={self.decay}, "
             f"interpolation={self.interpolation}, path={self.path}, max_spacing={self.max_spacing}"
         )
+
+    def _sparse_weights(self, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        return ski_weights(n, self.inducing_count(n), self.degree, device)
+
+    def _dense_weights(self, n: int, device) -> torch.Tensor:
+        return dense_interpolation(n, self.inducing_count(n), self.degree, device)
 
     def inducing_count(self, n: int) -> int:
         """Inducing points asked for at length n: ``rank``, or more when ``max_spacing`` needs them."""
@@ -182,7 +190,13 @@ class SkiTno(Mixer):
     def matrix(self, n: int) -> torch.Tensor:
         return self.sparse_matrix(n) + self.low_rank_matrix(n)
 
-    def mix(self, x: torch.Tensor) -> torch.Tensor:
+    def operator_matrices(self, n: int) -> dict[str, torch.Tensor]:
+        """The band, the smooth part (bidirectional: low rank W A W^T) and their sum, each (dim, n, n)."""
+        sparse, smooth = self.sparse_matrix(n), self.low_rank_matrix(n)
+        smooth_title = "RPE(x(k)) (smooth, causal)" if self.causal else "W A W^T (low rank)"
+        return {"band (sparse)": sparse, smooth_title: smooth, "sum": sparse + smooth}
+
+    def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         n = x.shape[1]
         if self.causal:
             basis_spectrum = self._basis_spectra(n, x.device)

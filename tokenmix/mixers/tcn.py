@@ -22,7 +22,7 @@ from torch import nn
 from ..ops.activations import get_activation
 from ..ops.dilated import dilated_conv
 from ..validation import check_int
-from .base import Mixer, check_sequence, zero_padding
+from .base import Mixer, zero_padding
 from .registry import register_mixer
 
 
@@ -48,6 +48,8 @@ def dilation_for(target: int, kernel_size: int, depth: int, convs_per_block: int
 @register_mixer("tcn")
 class Tcn(Mixer):
     """Dilated depthwise TCN (name ``tcn``); see the module docstring for the options."""
+
+    no_weight_decay = ("taps", "bias")
 
     def __init__(
         self,
@@ -90,9 +92,8 @@ class Tcn(Mixer):
             return None
         return receptive_field(self.kernel_size, self.dilation_factor, self.depth, self.convs_per_block)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Padding is zeroed before every convolution: a bias must not carry it to real tokens."""
-        check_sequence(x, self.dim, mask)
         factor = self.factor_for(x.shape[1])
         taps, bias = self.taps.to(x.dtype), self.bias.to(x.dtype)
         for block in range(self.depth):

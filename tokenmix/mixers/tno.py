@@ -20,7 +20,7 @@ from torch import nn
 
 from ..ops.fft import fast_fft_size
 from ..ops.toeplitz import spectral_matvec, toeplitz_spectrum
-from .base import Mixer
+from .base import Mixer, ToeplitzOperator
 from .registry import register_mixer
 from .rpe import RelativePositionEncoder
 
@@ -83,7 +83,7 @@ class SpectrumCache:
 
 
 @register_mixer("tno")
-class Tno(Mixer):
+class Tno(ToeplitzOperator, Mixer):
     """Toeplitz neural operator mixer (name ``tno``)."""
 
     fft_based = True  # benchmarks compare it with a bare rfft + irfft round trip
@@ -124,7 +124,7 @@ class Tno(Mixer):
         readout = torch.cat([self.rpe.output.weight.t(), self.rpe.output.bias[None]], dim=0)
         return complex_readout(basis_spectrum, readout)
 
-    def mix(self, x: torch.Tensor) -> torch.Tensor:
+    def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         n = x.shape[1]
         fft_size = fast_fft_size(2 * n)
         spectrum = self._cache.get(self, n, lambda: self.spectrum(n, fft_size))

@@ -1,8 +1,19 @@
 """Model configs, the model registry and save/load."""
 
-from .config import TASKS, ModelConfig
+from .config import FORMAT_VERSION, ModelConfig
 from .model import SegmentState, SequenceModel, build_model
 from .pretrained import from_pretrained, save_pretrained
-from .registry import list_models
+from .registry import TASKS, list_models, resolve_model_options
 
-__all__ = ["TASKS", "ModelConfig", "SegmentState", "SequenceModel", "build_model", "from_pretrained", "list_models", "save_pretrained"]
+__all__ = [
+    "FORMAT_VERSION",
+    "TASKS",
+    "resolve_model_options",
+    "ModelConfig",
+    "SegmentState",
+    "SequenceModel",
+    "build_model",
+    "from_pretrained",
+    "list_models",
+    "save_pretrained",
+]

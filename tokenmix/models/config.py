@@ -1,18 +1,28 @@
-"""Model configuration: a dataclass with a JSON round trip."""
+"""Model configuration: every resolved option, a format version, a JSON round trip.
+
+A config names the model, its task and sizes, and *every* constructor option of its blocks and
+mixers with defaults filled in (``resolve_model_options``), so a saved model reloads as the same
+model after a default changes. ``format_version`` 2 configs are read strictly: an unknown key or
+a newer format is a ValueError. Format 1 (tokenmix 0.1, no version field) recorded only the
+options a user passed; it is still read, with a warning that today's defaults fill the rest.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import warnings
+from dataclasses import asdict, dataclass, field, fields
 
 from ..validation import check_int
+from ..version import __version__
+from .registry import TASKS, resolve_model_options
 
-TASKS = ("lm", "mlm", "classify")
+FORMAT_VERSION = 2
 
 
 @dataclass
 class ModelConfig:
-    """Everything needed to rebuild a model. ``options`` go to the blocks (mixer options included)."""
+    """Everything needed to rebuild a model. ``options`` are resolved on construction."""
 
     name: str
     task: str = "lm"
@@ -21,6 +31,8 @@ class ModelConfig:
     depth: int = 4
     num_classes: int | None = None
     options: dict = field(default_factory=dict)
+    format_version: int = field(default=FORMAT_VERSION, compare=False)
+    tokenmix_version: str = field(default=__version__, compare=False)
 
     def __post_init__(self):
         if self.task not in TASKS:
@@ -31,6 +43,10 @@ class ModelConfig:
             check_int(self.num_classes, "num_classes (task='classify')", minimum=2)
         elif self.num_classes is not None:
             raise ValueError(f"num_classes is only used with task='classify', got {self.num_classes!r}")
+        if not isinstance(self.options, dict):
+            raise ValueError(f"options must be a dict of option names to values, got {type(self.options).__name__}")
+        self.options = resolve_model_options(self.name, self.options, self.depth)
+        self.format_version, self.tokenmix_version = FORMAT_VERSION, __version__
 
     @property
     def causal(self) -> bool:
@@ -44,4 +60,24 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelConfig:
-        return cls(**data)
+        """Read a saved config; ValueError on a newer format or keys this version does not know."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a model config must be a JSON object, got {type(data).__name__}")
+        version = data.get("format_version", 1)
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            written = data.get("tokenmix_version", "unknown")
+            raise ValueError(
+                f"config format_version {version!r} (written by tokenmix {written}) is newer than this tokenmix "
+                f"({__version__}, format {FORMAT_VERSION}) reads: upgrade tokenmix"
+            )
+        known = {spec.name for spec in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"config has unknown keys {unknown}; format {version} configs have {sorted(known)}")
+        if version == 1:
+            warnings.warn(
+                "this config predates tokenmix 0.2 (format 1) and records only the options passed by hand; "
+                "today's defaults fill in the rest, which may differ from those it was trained with",
+                stacklevel=2,
+            )
+        return cls(**{key: value for key, value in data.items() if key not in ("format_version", "tokenmix_version")})

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..mixers.base import check_mask
 from .config import ModelConfig
 from .registry import model_spec
 
@@ -31,8 +32,7 @@ def check_tokens(tokens: torch.Tensor, vocab_size: int, mask: torch.Tensor | Non
         raise ValueError("tokens must have length >= 1")
     if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab_size):
         raise ValueError(f"tokens must lie in [0, vocab_size={vocab_size}), got range [{tokens.min()}, {tokens.max()}]")
-    if mask is not None and (mask.dtype != torch.bool or mask.shape != tokens.shape):
-        raise ValueError(f"mask must be a bool tensor of shape {tuple(tokens.shape)}, got {mask.dtype} {tuple(mask.shape)}")
+    check_mask(mask, tuple(tokens.shape))
 
 
 @dataclass
@@ -46,21 +46,20 @@ class SegmentState:
 class SequenceModel(nn.Module):
     """A stack of blocks chosen by model name, with the head of ``config.task``."""
 
+    no_weight_decay = ("embedding.weight",)  # tied with the output layer
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         spec = model_spec(config.name)
         self.config = config
-        options = {**spec.defaults, **config.options}
-        dropout = options.get("dropout", 0.0)
+        options = config.options  # resolved: every block and mixer option
+        dropout = options["dropout"]
         self.embedding = nn.Embedding(config.vocab_size, config.dim)
         nn.init.normal_(self.embedding.weight, std=config.dim**-0.5)
         self.embedding_dropout = nn.Dropout(dropout)
         if config.task not in spec.tasks:
             raise ValueError(f"task for model {config.name!r} must be one of {list(spec.tasks)}, got {config.task!r}")
-        try:
-            self.blocks = nn.ModuleList(spec.layers(config.dim, config.causal, config.depth, **options))
-        except TypeError as error:
-            raise ValueError(f"bad options for model {config.name!r}: {error}") from None
+        self.blocks = nn.ModuleList(spec.layers(config.dim, config.causal, config.depth, **options))
         self.recurrent = any(getattr(block, "recurrent", False) for block in self.blocks)
         self.final_norm = nn.LayerNorm(config.dim)
         self.classifier = nn.Linear(config.dim, config.num_classes) if config.task == "classify" else None
@@ -122,6 +121,5 @@ def build_model(
     **options,
 ) -> SequenceModel:
     """Build a model by name (see ``list_models()``); ``options`` reach the blocks and mixers."""
-    model_spec(name)
     config = ModelConfig(name, task, vocab_size, dim, depth, num_classes, options)
     return SequenceModel(config)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+import torch
 from safetensors.torch import load_model, save_model
 
+from ..devices import resolve_device
+from ..files import atomic_write, write_text_atomic
 from .config import ModelConfig
 from .model import SequenceModel
 
@@ -16,24 +18,24 @@ WEIGHTS_FILE = "model.safetensors"
 
 
 def save_pretrained(model: SequenceModel, directory) -> None:
-    """Write config and weights atomically (temporary files, then rename)."""
+    """Write weights, then config, each atomically (temporary file, then rename)."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    temporary = directory / (WEIGHTS_FILE + ".tmp")
-    save_model(model, str(temporary))
-    os.replace(temporary, directory / WEIGHTS_FILE)
-    temporary = directory / (CONFIG_FILE + ".tmp")
-    temporary.write_text(model.config.to_json())
-    os.replace(temporary, directory / CONFIG_FILE)
+    atomic_write(directory / WEIGHTS_FILE, lambda temporary: save_model(model, str(temporary)))
+    write_text_atomic(directory / CONFIG_FILE, model.config.to_json())
 
 
-def from_pretrained(directory, device=None) -> SequenceModel:
-    """Rebuild a model saved by ``save_pretrained``."""
+def from_pretrained(directory, device=None, dtype: torch.dtype | None = None) -> SequenceModel:
+    """Rebuild a model saved by ``save_pretrained``, on ``device`` (default CPU) in ``dtype`` (default as saved)."""
     directory = Path(directory)
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (directory / name).is_file():
             raise ValueError(f"directory {str(directory)!r} has no {name}: not a save_pretrained directory")
-    config = ModelConfig.from_dict(json.loads((directory / CONFIG_FILE).read_text()))
-    model = SequenceModel(config)
-    load_model(model, str(directory / WEIGHTS_FILE), device=str(device or "cpu"))
-    return model
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a floating point torch.dtype (torch.float32, torch.bfloat16, ...), got {dtype!r}")
+    try:
+        data = json.loads((directory / CONFIG_FILE).read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{str(directory / CONFIG_FILE)!r} is not valid JSON: {error}") from None
+    model = SequenceModel(ModelConfig.from_dict(data))
+    load_model(model, str(directory / WEIGHTS_FILE))
+    return model.to(device=resolve_device(device or "cpu"), dtype=dtype)

@@ -2,48 +2,49 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from torch import nn
 
-from ..blocks import MegaBlock, TnnBlock, fnet_ar_xl_layers, tcnca_simple_block, transformer_block, xl_layers
-from .config import TASKS
+from ..blocks import FourierXlStack, MegaBlock, TcncaSimpleBlock, TnnBlock, TransformerBlock, XlBlock
+from ..options import refuse_unknown
+
+TASKS = ("lm", "mlm", "classify")
 
 
-def repeated(block: Callable[..., nn.Module]) -> Callable[..., list[nn.Module]]:
-    """A layers factory stacking ``depth`` copies of one block type."""
+class Repeated:
+    """A stack of ``depth`` copies of one block type."""
 
-    def layers(dim: int, causal: bool, depth: int, **options) -> list[nn.Module]:
-        return [block(dim, causal, **options) for _ in range(depth)]
+    def __init__(self, block: type[nn.Module]):
+        self.block = block
 
-    return layers
+    def __call__(self, dim: int, causal: bool, depth: int, **options) -> list[nn.Module]:
+        return [self.block(dim, causal, **options) for _ in range(depth)]
+
+    def resolve_options(self, options: dict, depth: int) -> tuple[dict, dict]:
+        return self.block.resolve_options(options)
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    layers: Callable[..., list[nn.Module]]  # (dim, causal, depth, **options) -> blocks
+    layers: Repeated | FourierXlStack  # (dim, causal, depth, **options) -> blocks; resolve_options(options, depth)
     defaults: dict = field(default_factory=dict)
     description: str = ""
     tasks: tuple[str, ...] = TASKS
 
 
 _MODELS: dict[str, ModelSpec] = {
-    "tnn": ModelSpec(repeated(TnnBlock), {"mixer": "tno"}, "Toeplitz neural network (paper 002): GTU(TNO) + GLU blocks"),
-    "ski_tnn": ModelSpec(repeated(TnnBlock), {"mixer": "ski_tno"}, "TNN with the sparse + low-rank SKI-TNO (paper 000, Algorithm 1)"),
-    "fd_tnn": ModelSpec(repeated(TnnBlock), {"mixer": "fd_tno"}, "TNN with the frequency-domain FD-TNO (paper 000, Algorithm 2)"),
-    "mega": ModelSpec(repeated(MegaBlock), {"sequence_mixer": "ema"}, "MEGA: damped EMA + gated single-head chunked attention"),
-    "tcnca": ModelSpec(
-        repeated(MegaBlock), {"sequence_mixer": "tcn"}, "TCNCA (paper 004): the MEGA block with a dilated TCN instead of the EMA"
+    "tnn": ModelSpec(Repeated(TnnBlock), {"mixer": "tno"}, "Toeplitz neural network: GTU(TNO) + GLU blocks"),
+    "ski_tnn": ModelSpec(Repeated(TnnBlock), {"mixer": "ski_tno"}, "TNN with the sparse + low-rank SKI-TNO"),
+    "fd_tnn": ModelSpec(Repeated(TnnBlock), {"mixer": "fd_tno"}, "TNN with the frequency-domain FD-TNO"),
+    "mega": ModelSpec(Repeated(MegaBlock), {"sequence_mixer": "ema"}, "MEGA: damped EMA + gated single-head chunked attention"),
+    "tcnca": ModelSpec(Repeated(MegaBlock), {"sequence_mixer": "tcn"}, "TCNCA: the MEGA block with a dilated TCN instead of the EMA"),
+    "tcnca_simple": ModelSpec(Repeated(TcncaSimpleBlock), {}, "TCNCA-simple: pre-norm TCN -> chunked attention -> MLP"),
+    "transformer": ModelSpec(Repeated(TransformerBlock), {}, "pre-norm Transformer: full multi-head attention (rotary) + FFN"),
+    "transformer_xl": ModelSpec(
+        Repeated(XlBlock), {"mixer": "attention"}, "Transformer-XL: relative attention over [memory; segment]", ("lm",)
     ),
-    "tcnca_simple": ModelSpec(
-        repeated(tcnca_simple_block), {}, "TCNCA-simple (paper 004, App. C): pre-norm TCN -> chunked attention -> MLP"
-    ),
-    "transformer": ModelSpec(repeated(transformer_block), {}, "pre-norm Transformer: full multi-head attention (rotary) + FFN"),
-    "transformer_xl": ModelSpec(xl_layers, {}, "Transformer-XL: relative attention over [memory; segment]", ("lm",)),
-    "fnet_ar_xl": ModelSpec(
-        fnet_ar_xl_layers, {}, "Transformer-XL with half its attention layers replaced by FNetAR mixing (paper 003)", ("lm",)
-    ),
+    "fnet_ar_xl": ModelSpec(FourierXlStack(), {}, "Transformer-XL with half its attention layers replaced by FNetAR mixing", ("lm",)),
 }
 
 
@@ -55,3 +56,13 @@ def model_spec(name: str) -> ModelSpec:
     if name not in _MODELS:
         raise ValueError(f"name must be one of {list_models()}, got {name!r}")
     return _MODELS[name]
+
+
+def resolve_model_options(name: str, options: dict, depth: int) -> dict:
+    """Every option of every block and mixer of model ``name``, defaults filled in; ValueError on unknown names."""
+    if "depth" in options:
+        raise ValueError("depth is the model's layer count (build_model(depth=...), --depth); the TCN's blocks are set by tcn_depth")
+    spec = model_spec(name)
+    resolved, unknown = spec.layers.resolve_options({**spec.defaults, **options}, depth)
+    refuse_unknown(unknown, resolved, f"model {name!r}")
+    return resolved

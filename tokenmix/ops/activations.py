@@ -7,11 +7,16 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+
+def identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {  # module-level functions: modules holding them pickle
     "relu": F.relu,
     "gelu": F.gelu,
     "silu": F.silu,
-    "identity": lambda x: x,
+    "identity": identity,
 }
 
 

@@ -17,6 +17,7 @@ Kernels are given by lag, rows ordered from the most negative lag:
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .fft import fast_fft_size, hermitian_weights, spectral_dtype
 
@@ -59,6 +60,10 @@ class _SpectralConvolution(torch.autograd.Function):
     G = rfft(dL/dy, N) and c are the onesided Hermitian weights (PyTorch's generic rfft backward
     would run a full complex FFT). Large temporaries are reused in place: on CPU a fresh buffer
     costs more than the arithmetic. The output is a (batch, n, d) view of a channels-first buffer.
+
+    Once differentiable: the backward reads rfft(x) saved from the forward, which carries no graph,
+    so a second derivative would silently miss the terms through x. Double backward (Hessian-vector
+    products, gradient penalties) raises instead.
     """
 
     @staticmethod
@@ -76,6 +81,7 @@ class _SpectralConvolution(torch.autograd.Function):
         return torch.fft.irfft(product, n=fft_size, dim=-1)[..., :n].transpose(1, 2)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_y: torch.Tensor):
         *x_freq, spectrum = ctx.saved_tensors
         fft_size, n = ctx.fft_size, grad_y.shape[1]

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..files import atomic_write
+
 CHECKPOINT_FILE = "checkpoint.pt"
 
 
 def save_checkpoint(path, state: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    torch.save(state, temporary)
-    os.replace(temporary, path)
+    """Write atomically: a kill during the save leaves the previous checkpoint (and a stale .tmp)."""
+    atomic_write(path, lambda temporary: torch.save(state, temporary))
 
 
 def resolve_checkpoint(path) -> Path:
@@ -54,10 +52,11 @@ def restore_rng_state(state: dict) -> None:
 
 def model_from_checkpoint(path, device="cpu"):
     """(model, train_config dict) from a training checkpoint file or run directory."""
+    from ..devices import resolve_device
     from ..models.config import ModelConfig
     from ..models.model import SequenceModel
 
     state = load_checkpoint(path)
     model = SequenceModel(ModelConfig.from_dict(state["model_config"]))
     model.load_state_dict(state["model"])
-    return model.to(device).eval(), state["train_config"]
+    return model.to(resolve_device(device)).eval(), state["train_config"]

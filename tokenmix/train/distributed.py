@@ -30,6 +30,14 @@ class DistributedContext:
         dist.all_reduce(tensor)
         return float(tensor) / self.world_size
 
+    def all_reduce_max(self, values: list[float]) -> list[float]:
+        """Element-wise maximum over ranks (the values themselves without DDP)."""
+        if not self.enabled:
+            return values
+        tensor = torch.tensor(values, dtype=torch.float64, device=_collective_device())
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return tensor.tolist()
+
     def gather_objects(self, value) -> list:
         """``value`` from every rank, in rank order (a one-item list without DDP)."""
         if not self.enabled:

@@ -4,13 +4,19 @@ Batches and dropout are drawn from generators seeded by (seed, step, rank), so a
 sees exactly the batches an uninterrupted run would, on any number of processes. Recurrent
 models (Transformer-XL family) read contiguous streams segment by segment instead, carrying
 their memory from step to step; the memory is saved in checkpoints so resuming stays exact.
+
+Nothing trained is lost: a checkpoint is written every ``save_every`` (steps, or minutes of wall
+time), when training ends, and on SIGINT (Ctrl-C) or SIGTERM, after which the run stops with
+``TrainingInterrupted``. A non-finite loss stops the run with ``TrainingDiverged`` and leaves the
+last good checkpoint in place. Run directories follow ``runs.py``: never two runs in one.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -23,16 +29,43 @@ from ..data.batches import StreamBatches, lm_batch, mlm_batch, step_generator, s
 from ..data.corpus import BYTE_VOCAB
 from ..data.recall import AssociativeRecall
 from ..data.sources import DataSource, load_data
+from ..devices import resolve_device
 from ..models.config import ModelConfig
 from ..models.model import SegmentState, SequenceModel
 from ..models.pretrained import save_pretrained
+from ..validation import check_int, check_number, set_finite_checks
 from .checkpoint import CHECKPOINT_FILE, load_checkpoint, restore_rng_state, rng_state, save_checkpoint
 from .distributed import DistributedContext, init_distributed
 from .evaluate import describe, evaluate_lm, evaluate_mlm, evaluate_recall
+from .optim import build_optimizer
+from .runs import METRICS_FILE, MODEL_DIRECTORY, claim_directory, clean_stale, resume_changes, truncate_metrics
 from .schedule import SCHEDULES, lr_multiplier
 
 TRAIN_TASKS = ("lm", "mlm")
 CALIBRATION_STEPS = 5
+TIME_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+class TrainingInterrupted(Exception):
+    """SIGINT or SIGTERM stopped training after a checkpoint was saved."""
+
+
+class TrainingDiverged(Exception):
+    """The loss became NaN or Inf; the last good checkpoint is kept."""
+
+
+def parse_interval(text: str) -> tuple[int | None, float | None]:
+    """``"200"`` -> every 200 steps; ``"10m"`` / ``"90s"`` / ``"2h"`` -> every so many seconds of wall time."""
+    value = str(text).strip()
+    unit = value[-1:] if value[-1:] in TIME_UNITS else ""
+    number = value[: len(value) - len(unit)]
+    try:
+        amount = float(number) if unit else int(number)
+    except ValueError:
+        amount = None
+    if amount is None or not math.isfinite(amount) or amount <= 0:
+        raise ValueError(f"save_every must be a step count (e.g. 200) or a time with unit s, m or h (e.g. 10m), got {text!r}")
+    return (None, amount * TIME_UNITS[unit]) if unit else (int(amount), None)
 
 
 @dataclass
@@ -61,6 +94,8 @@ class TrainConfig:
     threads: int | None = None
     eval_every: int = 150
     eval_tokens: int = 32768
+    save_every: str = "5m"
+    check_finite: bool = False
     device: str = "auto"
     out: str = "runs/demo"
     options: dict = field(default_factory=dict)
@@ -72,20 +107,34 @@ class TrainConfig:
             raise ValueError(f"schedule must be one of {list(SCHEDULES)}, got {self.schedule!r}")
         if (self.steps is None) == (self.minutes is None):
             raise ValueError("give exactly one of steps and minutes (a time budget)")
-        for name in ("seq_len", "batch_size", "eval_every", "eval_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.steps is not None and self.steps < 1:
-            raise ValueError(f"steps must be >= 1, got {self.steps}")
-        if self.minutes is not None and self.minutes <= 0:
-            raise ValueError(f"minutes must be > 0, got {self.minutes}")
-        if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1 or self.warmup < 0 or self.grad_clip < 0:
-            raise ValueError("lr must be > 0, min_lr_ratio in [0, 1], warmup >= 0, grad_clip >= 0")
+        for name in ("dim", "depth", "seq_len", "batch_size", "eval_every", "eval_tokens"):
+            check_int(getattr(self, name), name)
+        check_int(self.warmup, "warmup", minimum=0)
+        check_int(self.seed, "seed", minimum=0)
+        if self.steps is not None:
+            check_int(self.steps, "steps")
+        if self.minutes is not None:
+            check_number(self.minutes, "minutes", 0, open_minimum=True)
+        if self.threads is not None:
+            check_int(self.threads, "threads")
+        check_number(self.lr, "lr", 0, open_minimum=True)
+        check_number(self.min_lr_ratio, "min_lr_ratio", 0, 1)
+        check_number(self.weight_decay, "weight_decay", 0)
+        check_number(self.grad_clip, "grad_clip (0 turns clipping off)", 0)
+        check_number(self.dropout, "dropout", 0, 1)
+        for name in ("beta1", "beta2"):
+            check_number(getattr(self, name), name, 0, 1)
+        parse_interval(self.save_every)
+        if not isinstance(self.options, dict):
+            raise ValueError(f"options must be a dict of model options, got {type(self.options).__name__}")
 
     @classmethod
     def from_dict(cls, data: dict) -> TrainConfig:
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"train config has unknown keys {unknown} (written by a newer tokenmix?)")
+        return cls(**data)
 
     def model_config(self, vocab_size: int = BYTE_VOCAB) -> ModelConfig:
         """The model for data of ``vocab_size`` tokens (masked LM adds the mask token, id vocab_size)."""
@@ -94,46 +143,69 @@ class TrainConfig:
         return ModelConfig(self.model, self.task, vocab, self.dim, self.depth, None, options)
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto``: CUDA when every process on this node gets its own GPU (torchrun's LOCAL_WORLD_SIZE), else CPU."""
-    if name == "auto":
-        processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        return torch.device("cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= processes else "cpu")
-    try:
-        return torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {name!r}") from None
-
-
-def _parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on weight matrices only: not on biases, norms or the (tied) embedding."""
-    groups = {True: [], False: []}
-    for name, parameter in model.named_parameters():
-        groups[parameter.dim() >= 2 and "embedding" not in name].append(parameter)
-    return [{"params": groups[True], "weight_decay": weight_decay}, {"params": groups[False], "weight_decay": 0.0}]
-
-
 def _to_device(state: SegmentState | None, device) -> SegmentState | None:
     if state is None:
         return None
     return SegmentState([memory.to(device) for memory in state.memory], state.position)
 
 
-class Trainer:
-    """Owns one run: model, optimizer, schedule, data and the run directory."""
+class StopSignals:
+    """Turns SIGINT / SIGTERM into a request to stop after the current step (main thread only).
 
-    def __init__(self, config: TrainConfig, resume: bool = False, progress: bool = True):
+    A second signal restores the default behaviour, so pressing Ctrl-C twice quits at once.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.received: str | None = None
+        self.previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {number: signal.signal(number, self._handle) for number in self.SIGNALS}
+        return self
+
+    def _handle(self, number, frame):
+        self.received = signal.Signals(number).name
+        for restored, handler in self.previous.items():
+            signal.signal(restored, handler)
+
+    def __exit__(self, *exc):
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
+
+
+class Trainer:
+    """Owns one run: model, optimizer, schedule, data and the run directory.
+
+    ``resume=True`` continues the run in ``config.out`` from its checkpoint; ``config`` must then
+    equal the checkpoint's settings except for ``runs.RESUMABLE`` ones. ``overwrite=True`` replaces
+    a run already in ``config.out``; without it, such a directory is refused.
+    """
+
+    def __init__(self, config: TrainConfig, resume: bool = False, progress: bool = True, overwrite: bool = False):
         self.config = config
         self.out = Path(config.out)
         self.progress = progress
         if config.threads:
             torch.set_num_threads(config.threads)
+        set_finite_checks(config.check_finite)
         self.device = resolve_device(config.device)
         self.data: DataSource = load_data(config.data, config.seq_len, config.seed)  # fails before any training on a bad path
         self.recall = isinstance(self.data, AssociativeRecall)
         if self.recall and config.task != "lm":
             raise ValueError(f"data {config.data!r} is a next-token task: use --task lm")
+        checkpoint = self._read_checkpoint() if resume else None
         self.context: DistributedContext = init_distributed(self.device)
+        self.removed_stale: list[Path] = []
+        if self.context.is_main:
+            if resume:
+                self.removed_stale = clean_stale(self.out)
+                truncate_metrics(self.out / METRICS_FILE, checkpoint["step"])
+            else:
+                self.removed_stale = claim_directory(self.out, overwrite)
+        self.context.barrier()
         torch.manual_seed(config.seed)
         self.model = SequenceModel(config.model_config(self.data.vocab_size)).to(self.device)
         if self.recall and self.model.recurrent:
@@ -142,19 +214,20 @@ class Trainer:
         if self.context.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.trained = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
-        self.optimizer = torch.optim.AdamW(
-            _parameter_groups(self.model, config.weight_decay), lr=config.lr, betas=(config.beta1, config.beta2)
-        )
+        self.optimizer = build_optimizer(self.model, config.lr, config.weight_decay, (config.beta1, config.beta2))
         self.step = 0
         self.total_steps = config.steps
+        self.train_seconds = 0.0  # wall time of training steps over every session of the run
+        self.resumes: list[dict] = []
         self.segment_state: SegmentState | None = None
         self.streams = None
         if self.model.recurrent:
             rank, world = self.context.rank, self.context.world_size
             self.streams = StreamBatches(self.data.train, config.batch_size, config.seq_len, rank, world)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._multiplier)
-        if resume:
-            self._resume()
+        self.save_steps, self.save_seconds = parse_interval(config.save_every)
+        if checkpoint is not None:
+            self._resume(checkpoint)
 
     # schedule -----------------------------------------------------------------------------
     def _multiplier(self, step: int) -> float:
@@ -171,27 +244,56 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
             "total_steps": self.total_steps,
+            "train_seconds": self.train_seconds,
+            "resumes": self.resumes,
             "rng": rng_state(),
         }
 
-    def _resume(self) -> None:
+    def _read_checkpoint(self) -> dict:
         path = self.out / CHECKPOINT_FILE
         if not path.is_file():
             raise ValueError(f"--resume: no checkpoint at {str(path)!r}")
         state = load_checkpoint(path)
-        if state["model_config"] != self.model.config.to_dict():
+        changes = resume_changes(state["train_config"], asdict(self.config), state["step"])
+        saved_model = ModelConfig.from_dict(state["model_config"])
+        if saved_model != self.config.model_config(self.data.vocab_size):
             raise ValueError(f"--resume: the checkpoint in {str(self.out)!r} was trained with another model config")
+        finished = state["total_steps"] is not None and state["step"] >= state["total_steps"]
+        if finished and not {"steps", "minutes"} & set(changes):
+            raise ValueError(
+                f"--resume: the run in {str(self.out)!r} already finished at step {state['step']}; "
+                f"give --steps > {state['step']} (or a longer --minutes) to train further"
+            )
+        state["changes"] = changes
+        return state
+
+    def _resume(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.total_steps = state["step"], state["total_steps"]
+        self.train_seconds = state.get("train_seconds", 0.0)
+        self.resumes = list(state.get("resumes", []))
+        changes = state["changes"]
         self.scheduler.load_state_dict(state["scheduler"])
+        if "steps" in changes or "minutes" in changes:
+            self.total_steps = self.config.steps if self.config.steps is not None else self._steps_in_budget()
+            for group, base_lr in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
+                group["lr"] = base_lr * self._multiplier(self.step)  # the schedule of the new run length, from this step on
         restore_rng_state(state["rng"])
         segment_states = state.get("segment_states") or [None] * self.context.world_size
         if len(segment_states) != self.context.world_size:
             raise ValueError(f"--resume: the checkpoint was written by {len(segment_states)} processes; resume with as many")
         self.segment_state = _to_device(segment_states[self.context.rank], self.device)
+        if changes:
+            self.resumes.append({"step": self.step, "changed": changes})
+        self.log({"step": self.step, "event": "resume", "changed": changes})
 
     def save(self) -> None:
+        """Write the checkpoint (all ranks take part); refuses to replace a good one with non-finite weights."""
+        if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
+            raise TrainingDiverged(
+                f"the weights became non-finite at step {self.step}; the last good checkpoint in {str(self.out)!r} is kept"
+            )
         segment_states = self.context.gather_objects(_to_device(self.segment_state, "cpu"))
         if self.context.is_main:
             save_checkpoint(self.out / CHECKPOINT_FILE, {**self.state(), "segment_states": segment_states})
@@ -199,7 +301,7 @@ class Trainer:
     def log(self, record: dict) -> None:
         if self.context.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
-            with open(self.out / "metrics.jsonl", "a") as handle:
+            with open(self.out / METRICS_FILE, "a") as handle:
                 handle.write(json.dumps(record) + "\n")
 
     # steps ----------------------------------------------------------------------------------
@@ -241,47 +343,88 @@ class Trainer:
             return evaluate_mlm(self.model, data, length, BYTE_VOCAB, max_tokens=max_tokens, seed=self.config.seed)
         return evaluate_lm(self.model, data, length, max_tokens=max_tokens)
 
+    def _steps_in_budget(self, seconds_per_step: float | None = None) -> int | None:
+        """The step count the time budget allows: steps so far plus what the rest of it buys at this pace.
+
+        90 % of ``minutes`` goes to training steps (the rest to validation); the pace is the run's
+        own so far unless given (None when no step has been timed yet: calibrate first).
+        """
+        if seconds_per_step is None:
+            if self.step == 0 or self.train_seconds <= 0:
+                return None
+            seconds_per_step = self.train_seconds / self.step
+        budget = self.config.minutes * 60.0 * 0.9
+        return max(self.step, self.step + int((budget - self.train_seconds) / seconds_per_step))
+
     def _calibrate(self, step_seconds: list[float]) -> None:
         """Fix total_steps from the time budget after the first steps (stored in checkpoints)."""
-        mean = self.context.all_reduce_mean(sum(step_seconds) / len(step_seconds))
-        budget = self.config.minutes * 60.0 * 0.9  # leave room for validation
-        self.total_steps = max(self.step, int(budget / mean))
+        self.total_steps = self._steps_in_budget(self.context.all_reduce_mean(sum(step_seconds) / len(step_seconds)))
+
+    def _agree(self, *flags: bool) -> list[bool]:
+        """The flags OR-ed over ranks, so every rank saves and stops together."""
+        if not self.context.enabled:
+            return list(flags)
+        return [value > 0 for value in self.context.all_reduce_max([float(flag) for flag in flags])]
 
     def run(self) -> dict:
+        """Train to ``total_steps``; returns the final validation metrics.
+
+        Raises TrainingInterrupted after saving when SIGINT/SIGTERM arrives, TrainingDiverged on a
+        non-finite loss (nothing saved over the last good checkpoint).
+        """
         config = self.config
         tokens_per_step = config.batch_size * config.seq_len * self.context.world_size
         bar = tqdm(
             total=self.total_steps, initial=self.step, disable=not (self.progress and self.context.is_main), unit="step", dynamic_ncols=True
         )
+        for path in self.removed_stale:
+            bar.write(f"removed {path}: a save interrupted by a kill")
         step_seconds: list[float] = []
-        started = time.perf_counter()
-        while self.total_steps is None or self.step < self.total_steps:
-            tick = time.perf_counter()
-            loss = self.context.all_reduce_mean(self.train_step())
-            elapsed = time.perf_counter() - tick
-            if not math.isfinite(loss):
-                raise RuntimeError(f"loss became {loss} at step {self.step}; lower --lr or raise --warmup")
-            step_seconds.append(elapsed)
-            if self.total_steps is None and len(step_seconds) == CALIBRATION_STEPS:
-                self._calibrate(step_seconds)
-                bar.total = self.total_steps
-            rate = tokens_per_step / elapsed
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}")
-            self.log(
-                {
-                    "step": self.step,
-                    "loss": loss,
-                    "lr": self.scheduler.get_last_lr()[0],
-                    "tokens_per_s": rate,
-                    "elapsed_s": time.perf_counter() - started,
-                }
-            )
-            if self.step % config.eval_every == 0 or self.step == self.total_steps:
-                metrics = self.evaluate("val", config.eval_tokens)
-                self.log({"step": self.step, "split": "val", **metrics})
-                bar.write(f"step {self.step}: val {describe(metrics)}")
-                self.save()
+        started = last_save = time.perf_counter()
+        with StopSignals() as signals:
+            while self.total_steps is None or self.step < self.total_steps:
+                tick = time.perf_counter()
+                loss = self.context.all_reduce_mean(self.train_step())
+                elapsed = time.perf_counter() - tick
+                if not math.isfinite(loss):
+                    bar.close()
+                    raise TrainingDiverged(
+                        f"the loss became {loss} at step {self.step}: training stopped, and the last good checkpoint "
+                        f"in {str(self.out)!r} is kept. Start again with a lower --lr or a longer --warmup (--overwrite replaces this run)"
+                    )
+                self.train_seconds += elapsed
+                step_seconds.append(elapsed)
+                if self.total_steps is None and len(step_seconds) == CALIBRATION_STEPS:
+                    self._calibrate(step_seconds)
+                    bar.total = self.total_steps
+                rate = tokens_per_step / elapsed
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}")
+                self.log(
+                    {
+                        "step": self.step,
+                        "loss": loss,
+                        "lr": self.scheduler.get_last_lr()[0],
+                        "tokens_per_s": rate,
+                        "elapsed_s": time.perf_counter() - started,
+                    }
+                )
+                if self.step % config.eval_every == 0 or self.step == self.total_steps:
+                    metrics = self.evaluate("val", config.eval_tokens)
+                    self.log({"step": self.step, "split": "val", **metrics})
+                    bar.write(f"step {self.step}: val {describe(metrics)}")
+                due = self.step % self.save_steps == 0 if self.save_steps else time.perf_counter() - last_save >= self.save_seconds
+                stop, due = self._agree(signals.received is not None, due)
+                if due or stop:
+                    self.save()
+                    last_save = time.perf_counter()
+                if stop:
+                    bar.close()
+                    self.log({"step": self.step, "event": "interrupted", "signal": signals.received})
+                    raise TrainingInterrupted(
+                        f"stopped by {signals.received or 'a signal'} at step {self.step}; checkpoint saved to "
+                        f"{str(self.out / CHECKPOINT_FILE)!r}. Continue with: tokenmix train --resume --out {self.out}"
+                    )
         bar.close()
         final = self.evaluate("val")
         if step_seconds:
@@ -290,7 +433,7 @@ class Trainer:
         self.log({"step": self.step, "split": "val", "final": True, **final})
         self.save()
         if self.context.is_main:
-            save_pretrained(self.model, self.out / "model")
+            save_pretrained(self.model, self.out / MODEL_DIRECTORY)
         self.context.barrier()
         return final
 

@@ -1,0 +1,149 @@
+"""The command line: bad input is one clear line naming the argument; bugs keep their traceback."""
+
+import argparse
+import json
+
+import pytest
+import torch
+
+import tokenmix
+from tokenmix.cli import build_parser, main, printable
+from tokenmix.mixers.registry import list_mixers
+from tokenmix.models.registry import list_models
+
+SIZES = ["--dim", "8", "--depth", "1", "--seq-len", "16", "--batch-size", "2", "--warmup", "1", "--eval-tokens", "64"]
+
+
+@pytest.fixture
+def run(text_file, tmp_path):
+    """A trained tiny causal LM run directory."""
+    out = tmp_path / "run"
+    assert main(["train", "--data", text_file, *SIZES, "--steps", "2", "-o", "rpe_dim=4", "--sample-tokens", "0", "--out", str(out)]) == 0
+    return out
+
+
+def usage_error(arguments, capsys) -> str:
+    """The one-line message of a command refused for its input (exit status 2, no traceback)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(arguments)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert "Traceback" not in error
+    return error
+
+
+def test_unknown_model_option_lists_the_accepted_ones(text_file, tmp_path, capsys):
+    error = usage_error(["train", "--data", text_file, "-o", "foo=1", "--out", str(tmp_path / "x")], capsys)
+    assert "unknown option 'foo' for model 'tnn'" in error and "rpe_dim" in error and "decay" in error
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--lr", "-0.001"], "lr must be a finite number > 0, got -0.001"),
+        (["--lr", "nan"], "lr must be a finite number"),
+        (["--weight-decay", "-1"], "weight_decay must be"),
+        (["--warmup", "-1"], "warmup must be an integer >= 0"),
+        (["--save-every", "soon"], "save_every must be"),
+        (["--threads", "-1"], "threads must be an integer >= 1"),
+        (["--device", "cuda:7"], "not available"),
+        (["--device", "tpu"], "device must be"),
+        (["--model", "lstm"], "name must be one of"),
+    ],
+)
+def test_bad_train_settings_are_one_line_each(text_file, tmp_path, capsys, flags, message):
+    error = usage_error(["train", "--data", text_file, *flags, "--out", str(tmp_path / "x")], capsys)
+    assert message in error and error.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("command", "flags", "message"),
+    [
+        ("eval", ["--batch-size", "0"], "--batch-size: must be an integer >= 1"),
+        ("eval", ["--batch-size", "-1"], "--batch-size: must be an integer >= 1"),
+        ("eval", ["--max-tokens", "0"], "--max-tokens: must be an integer >= 1"),
+        ("eval", ["--max-tokens", "-5"], "--max-tokens: must be an integer >= 1"),
+        ("eval", ["--threads", "-1"], "--threads: must be an integer >= 1"),
+        ("eval", ["--device", "cuda"], "not available"),
+        ("generate", ["--temperature", "nan"], "--temperature: must be a finite number >= 0"),
+        ("generate", ["--temperature", "inf"], "--temperature: must be a finite number >= 0"),
+        ("generate", ["--temperature", "-1"], "--temperature: must be a finite number >= 0"),
+        ("generate", ["--top-k", "-1"], "--top-k: must be an integer >= 0"),
+        ("generate", ["--threads", "0"], "--threads: must be an integer >= 1"),
+        ("generate", ["--device", "cuda"], "not available"),
+        ("generate", ["--prompt", ""], "--prompt must not be empty"),
+        ("plot", ["--length", "0"], "--length: must be an integer >= 1"),
+        ("plot", ["--channel", "-1"], "--channel: must be an integer >= 0"),
+        ("plot", ["--channel", "9999"], "--channel must be in [0, 23]"),
+    ],
+)
+def test_bad_arguments_of_eval_generate_plot(run, capsys, command, flags, message, tmp_path):
+    extra = ["--out", str(tmp_path / "plots")] if command == "plot" else []
+    assert message in usage_error([command, str(run), *flags, *extra], capsys)
+
+
+def test_eval_json_into_a_new_folder_is_written(run, tmp_path):
+    target = tmp_path / "new" / "folder" / "results.json"
+    assert main(["eval", str(run), "--json", str(target), "--threads", "1"]) == 0
+    assert json.loads(target.read_text())["results"][0]["bpc"] > 0
+
+
+def test_generate_without_top_k_and_with_control_bytes_escaped(run, capsys):
+    assert main(["generate", str(run), "--top-k", "0", "--max-new-tokens", "20", "--prompt", "a\x1bb"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("a\\x1bb") and "\x1b" not in out
+    assert printable(b"ok\n\tx\x07\x00") == "ok\n\tx\\x07\\x00"
+
+
+def test_compare_refuses_a_file_that_is_not_a_bench_output(run, tmp_path, capsys):
+    (tmp_path / "eval.json").write_text(json.dumps({"results": []}))
+    (tmp_path / "list.json").write_text(json.dumps([{"length": 1}]))
+    for other in ("eval.json", "list.json"):
+        assert "not a `tokenmix bench --output` file" in usage_error(["compare", str(tmp_path / other), str(tmp_path / other)], capsys)
+
+
+def test_an_internal_value_error_keeps_its_traceback(run, monkeypatch):
+    """Only input problems are one-line usage errors: a ValueError from a bug during the work propagates."""
+
+    def broken(*args, **kwargs):
+        raise ValueError("a bug deep in the evaluation")
+
+    monkeypatch.setattr("tokenmix.cli.evaluate_lm", broken)
+    with pytest.raises(ValueError, match="a bug deep"):
+        main(["eval", str(run)])
+
+
+def test_help_names_models_mixers_and_every_option(capsys):
+    parser = build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    text = capsys.readouterr().out
+    assert all(name in text for name in list_models() + list_mixers())
+    subcommands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+    for name, subparser in subcommands.choices.items():
+        for action in subparser._actions:
+            assert action.help, f"tokenmix {name} {action.option_strings or action.dest} has no help line"
+    train = subcommands.choices["train"].format_help()
+    assert "--save-every" in train and "checkpoint" in train and "lstm" not in train and "ski_tnn" in train
+
+
+def test_checkpoint_with_another_task_cannot_generate(text_file, tmp_path, capsys):
+    out = tmp_path / "mlm"
+    assert main(["train", "--data", text_file, *SIZES, "--steps", "1", "--task", "mlm", "-o", "rpe_dim=4", "--out", str(out)]) == 0
+    assert "causal LM checkpoint" in usage_error(["generate", str(out)], capsys)
+
+
+def test_library_errors_name_the_argument():
+    with pytest.raises(ValueError, match="unknown option 'foo' for mixer 'tno'; accepted options: activation"):
+        tokenmix.build_mixer("tno", 4, foo=1)
+    with pytest.raises(ValueError, match="heads"):
+        tokenmix.build_mixer("attention", 6, heads=4)
+    assert tokenmix.build_mixer("chunked_attention", 4).heads == 2  # the default fits every even dim
+    assert tokenmix.build_mixer("attention", 3, position="none").heads == 1
+    with pytest.raises(ValueError, match="even head width, impossible with dim=3"):
+        tokenmix.build_mixer("attention", 3)
+    model = tokenmix.build_model("tnn", vocab_size=10, dim=8, depth=1)
+    with pytest.raises(ValueError, match="mask must be a bool torch.Tensor"):
+        model(torch.zeros(1, 3, dtype=torch.long), [[True, True, True]])

@@ -1,0 +1,82 @@
+"""Saved configs record every resolved option and a version, and reload as the same model."""
+
+import json
+import os
+import stat
+
+import pytest
+import torch
+
+import tokenmix
+from tokenmix.mixers.ski_tno import SkiTno
+from tokenmix.models import FORMAT_VERSION, ModelConfig
+
+
+def test_config_records_every_default_of_every_block_and_mixer():
+    config = tokenmix.build_model("ski_tnn", vocab_size=10, dim=8, depth=1, rank=16).config
+    assert config.options["rank"] == 16  # given
+    assert config.options["gain"] == 8.0 and config.options["decay"] == 0.99  # mixer defaults
+    assert config.options["expand"] == 3 and config.options["glu_activation"] == "silu"  # block defaults
+    data = json.loads(config.to_json())
+    assert data["format_version"] == FORMAT_VERSION and data["tokenmix_version"] == tokenmix.__version__
+
+
+def test_a_saved_model_survives_a_default_change(tmp_path, monkeypatch):
+    """The ski_tno gain default went from 1 to 8 once; a saved model must not change with it."""
+    torch.manual_seed(0)
+    model = tokenmix.build_model("ski_tnn", vocab_size=10, dim=8, depth=1).eval()
+    model.save_pretrained(tmp_path)
+    tokens = torch.randint(0, 10, (2, 30))
+    expected = model(tokens)
+    defaults = list(SkiTno.__init__.__kwdefaults__.items())
+    monkeypatch.setattr(SkiTno.__init__, "__kwdefaults__", {**dict(defaults), "gain": 1.0})
+    assert tokenmix.build_model("ski_tnn", vocab_size=10, dim=8, depth=1).config.options["gain"] == 1.0
+    torch.testing.assert_close(tokenmix.from_pretrained(tmp_path).eval()(tokens), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d.update(format_version=FORMAT_VERSION + 1), "newer than this tokenmix"),
+        (lambda d: d.update(surprise=1), "unknown keys"),
+        (lambda d: d["options"].update(surprise=1), "unknown option 'surprise'"),
+    ],
+)
+def test_configs_from_a_newer_version_or_with_unknown_keys_are_refused(tmp_path, change, message):
+    model = tokenmix.build_model("tnn", vocab_size=10, dim=8, depth=1)
+    model.save_pretrained(tmp_path)
+    data = json.loads((tmp_path / "config.json").read_text())
+    change(data)
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=message):
+        tokenmix.from_pretrained(tmp_path)
+
+
+def test_format_1_configs_load_with_a_warning():
+    legacy = {"name": "tnn", "task": "lm", "vocab_size": 10, "dim": 8, "depth": 1, "num_classes": None, "options": {"decay": 0.9}}
+    with pytest.warns(UserWarning, match="predates"):
+        config = ModelConfig.from_dict(legacy)
+    assert config.options["decay"] == 0.9 and config.options["rpe_dim"] == 64
+
+
+def test_from_pretrained_honours_device_and_dtype(tmp_path):
+    tokenmix.build_model("tnn", vocab_size=10, dim=8, depth=1).save_pretrained(tmp_path)
+    loaded = tokenmix.from_pretrained(tmp_path, device="meta", dtype=torch.float64)
+    assert {(p.device.type, p.dtype) for p in loaded.parameters()} == {("meta", torch.float64)}
+    with pytest.raises(ValueError, match="not available"):
+        tokenmix.from_pretrained(tmp_path, device="cuda:99")
+    with pytest.raises(ValueError, match="dtype"):
+        tokenmix.from_pretrained(tmp_path, dtype="half")
+
+
+def test_saved_files_get_the_default_mode(tmp_path):
+    tokenmix.build_model("tnn", vocab_size=10, dim=8, depth=1).save_pretrained(tmp_path)
+    mask = os.umask(0)
+    os.umask(mask)
+    for name in ("config.json", "model.safetensors"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~mask, name
+
+
+def test_depth_is_not_a_block_option():
+    with pytest.raises(ValueError, match="tcn_depth"):
+        ModelConfig("tcnca", options={"depth": 3})

@@ -1,0 +1,268 @@
+"""Properties every mixer and every model must have, one parametrized test each over the registries.
+
+A new mixer or model is covered by adding it to ``list_mixers()`` / ``list_models()``; the
+families' own tests check what is particular to them (dense references, kernels, options).
+"""
+
+import copy
+import io
+import pickle
+
+import pytest
+import torch
+from conftest import LENGTHS, assert_causal_gradient, relative_error
+from torch.autograd import gradgradcheck
+from torch.func import functional_call
+
+import tokenmix
+from tokenmix.mixers.registry import mixer_class, resolve_mixer_options
+from tokenmix.models.registry import model_spec, resolve_model_options
+from tokenmix.train.optim import parameter_groups
+
+DIM = 8
+MODES = [(name, causal) for name in tokenmix.list_mixers() for causal in mixer_class(name).causal_modes]
+CAUSAL = [name for name, causal in MODES if causal]
+MODEL_TASKS = [(name, task) for name in tokenmix.list_models() for task in model_spec(name).tasks]
+LM_MODELS = [name for name, task in MODEL_TASKS if task == "lm"]
+SMALL = {  # small enough that float64 gradient checks stay fast; any other values would do
+    "tno": {"rpe_dim": 4, "rpe_layers": 1},
+    "fd_tno": {"rpe_dim": 4, "rpe_layers": 1},
+    "ski_tno": {"rank": 3, "knots": 2, "filter_size": 3},
+    "ema": {"ndim": 2},
+    "tcn": {"depth": 2, "kernel_size": 3},
+}
+
+
+def mixer(name, causal, dim=DIM, **options):
+    return tokenmix.build_mixer(name, dim, causal, **{**SMALL.get(name, {}), **options})
+
+
+def model(name, task="lm", **options):
+    """A small model; chunked attention (where the model has it) gets chunks shorter than the test sequences."""
+    extra = {"num_classes": 3} if task == "classify" else {}
+    if "chunk_size" in resolve_model_options(name, {}, depth=2):
+        extra["chunk_size"] = 8
+    return tokenmix.build_model(name, task=task, vocab_size=20, dim=16, depth=2, **extra, **options)
+
+
+def padded_pair(batch_shape, make):
+    """(x, other, mask): ``other`` differs from x at padded positions only (right padding in row 0, left in row 1)."""
+    x = make()
+    mask = torch.ones(batch_shape, dtype=torch.bool)
+    mask[0, batch_shape[1] - 7 :] = False
+    mask[1, :5] = False
+    other = x.clone()
+    other[~mask] = make()[~mask] * 100 if x.is_floating_point() else make()[~mask]
+    return x, other, mask
+
+
+# --- mixers --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "causal"), MODES)
+@pytest.mark.parametrize("n", LENGTHS)
+def test_mixer_takes_any_length(name, causal, n):
+    y = mixer(name, causal)(torch.randn(2, n, DIM))
+    assert y.shape == (2, n, DIM) and torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+@pytest.mark.parametrize("n", [7, 100])
+def test_causal_mixer_output_depends_on_the_past_only(name, n):
+    layer = mixer(name, True).double()
+    x = torch.randn(2, n, DIM, dtype=torch.float64, requires_grad=True)
+    position = n // 2
+    (grad,) = torch.autograd.grad(layer(x)[:, position].sum(), x)
+    assert_causal_gradient(grad, position)
+
+
+@pytest.mark.parametrize("name", [name for name, causal in MODES if not causal])
+def test_bidirectional_mixer_sees_the_future(name):
+    x = torch.randn(1, 40, DIM, requires_grad=True)
+    (grad,) = torch.autograd.grad(mixer(name, False)(x)[:, 10].sum(), x)
+    assert grad[:, 11:].abs().sum() > 0
+
+
+@pytest.mark.parametrize(("name", "causal"), MODES)
+def test_mixer_padding_cannot_reach_real_tokens(name, causal):
+    layer = mixer(name, causal)
+    x, other, mask = padded_pair((2, 60), lambda: torch.randn(2, 60, DIM))
+    torch.testing.assert_close(layer(x, mask)[mask], layer(other, mask)[mask])
+
+
+@pytest.mark.parametrize(("name", "causal"), MODES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_mixer_output_has_the_input_dtype(name, causal, dtype):
+    """A float32 module takes bfloat16 and float64 input; a bfloat16 module takes bfloat16 input."""
+    layer = mixer(name, causal)
+    x = torch.randn(2, 50, DIM)
+    reference = layer(x)
+    y = layer(x.to(dtype))
+    assert y.dtype == dtype and relative_error(y.float(), reference) < (5e-2 if dtype == torch.bfloat16 else 1e-5)
+    if dtype == torch.bfloat16:
+        half = layer.to(dtype)(x.to(dtype))
+        assert half.dtype == dtype and torch.isfinite(half.float()).all()
+
+
+@pytest.mark.parametrize(("name", "causal"), MODES)
+def test_mixer_takes_an_empty_batch(name, causal):
+    x = torch.randn(0, 9, DIM, requires_grad=True)
+    y = mixer(name, causal)(x, torch.ones(0, 9, dtype=torch.bool))
+    assert y.shape == (0, 9, DIM)
+    y.sum().backward()
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda m: m(torch.randn(9, DIM)), "batch, length, dim"),
+        (lambda m: m(torch.randn(1, 9, DIM + 1)), "channels"),
+        (lambda m: m(torch.randn(1, 0, DIM)), "length >= 1"),
+        (lambda m: m(torch.randint(0, 3, (1, 9, DIM))), "floating point"),
+        (lambda m: m(torch.randn(1, 9, DIM), torch.ones(1, 9)), "bool"),
+        (lambda m: m(torch.randn(1, 9, DIM), torch.ones(1, 8, dtype=torch.bool)), "shape"),
+        (lambda m: m(torch.randn(1, 3, DIM), [[True, True, False]]), "torch.Tensor"),
+    ],
+)
+@pytest.mark.parametrize(("name", "causal"), MODES)
+def test_mixer_refuses_bad_input(name, causal, call, message):
+    with pytest.raises(ValueError, match=message):
+        call(mixer(name, causal))
+
+
+@pytest.mark.parametrize("name", tokenmix.list_mixers())
+def test_unknown_mixer_option_names_every_accepted_one(name):
+    accepted = resolve_mixer_options(name, {})
+    with pytest.raises(ValueError, match="unknown option 'no_such_option'") as raised:
+        tokenmix.build_mixer(name, DIM, mixer_class(name).causal_modes[0], no_such_option=1)
+    assert all(option in str(raised.value) for option in accepted)
+
+
+@pytest.mark.parametrize("name", tokenmix.list_mixers())
+def test_resolved_mixer_options_rebuild_the_same_mixer(name):
+    causal = mixer_class(name).causal_modes[0]
+    resolved = resolve_mixer_options(name, SMALL.get(name, {}))
+    assert resolve_mixer_options(name, resolved) == resolved
+    torch.manual_seed(1)
+    first = tokenmix.build_mixer(name, DIM, causal, **SMALL.get(name, {}))
+    torch.manual_seed(1)
+    second = tokenmix.build_mixer(name, DIM, causal, **resolved)
+    x = torch.randn(1, 20, DIM)
+    torch.testing.assert_close(first(x), second(x))
+
+
+@pytest.mark.parametrize(("name", "causal"), MODES)
+def test_mixer_survives_pickle_and_deepcopy(name, causal):
+    layer = mixer(name, causal).eval()
+    x = torch.randn(2, 30, DIM)
+    expected = layer(x)
+    buffer = io.BytesIO()
+    torch.save(layer, buffer)  # pickles the module
+    for clone in (pickle.loads(pickle.dumps(layer)), copy.deepcopy(layer)):
+        torch.testing.assert_close(clone(x), expected)
+
+
+@pytest.mark.parametrize(("name", "causal"), MODES)
+def test_double_backward_is_right_or_refused(name, causal):
+    """Second derivatives (gradient penalties, Hessian-vector products) match finite differences, or raise."""
+    layer = mixer(name, causal, dim=2).double()
+    names = [key for key, _ in layer.named_parameters()]
+    parameters = [p.detach().clone().requires_grad_() for p in layer.parameters()]
+    x = torch.randn(1, 6, 2, dtype=torch.float64, requires_grad=True)
+
+    def function(x, *values):
+        return functional_call(layer, dict(zip(names, values, strict=True)), (x,))
+
+    if gradgradcheck(function, (x, *parameters), eps=1e-6, atol=1e-4, rtol=1e-3, raise_exception=False):
+        return
+    (grad,) = torch.autograd.grad(layer(x).square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        grad.square().sum().backward()
+
+
+@pytest.mark.parametrize(("name", "causal"), MODES)
+def test_finite_check_refuses_nan_at_real_positions_only(name, causal):
+    layer = mixer(name, causal)
+    x = torch.randn(2, 20, DIM)
+    mask = torch.ones(2, 20, dtype=torch.bool)
+    mask[1, 15:] = False
+    x[1, 17, 3] = float("nan")  # padding: zeroed before mixing
+    with tokenmix.check_finite_inputs():
+        assert torch.isfinite(layer(x, mask)[mask]).all()
+        x[0, 12, 0] = float("inf")
+        with pytest.raises(ValueError, match="batch 0, position 12"):
+            layer(x, mask)
+    layer(x, mask)  # off again outside the context
+
+
+# --- models --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "task"), MODEL_TASKS)
+def test_model_runs_every_task_it_supports(name, task):
+    tokens, _, mask = padded_pair((2, 33), lambda: torch.randint(0, 20, (2, 33)))
+    out = model(name, task)(tokens, mask)
+    assert out.shape == ((2, 3) if task == "classify" else (2, 33, 20)) and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("name", LM_MODELS)
+def test_language_model_depends_on_the_past_only(name):
+    lm = model(name).double()
+    tokens = torch.randint(0, 20, (1, 40))
+    embedded = lm.embedding(tokens).detach().requires_grad_()
+    lm.embedding.forward = lambda _tokens: embedded  # differentiate w.r.t. the embedded inputs
+    (grad,) = torch.autograd.grad(lm(tokens)[:, 21].sum(), embedded)
+    assert_causal_gradient(grad, 21)
+
+
+@pytest.mark.parametrize(("name", "task"), MODEL_TASKS)
+def test_model_padding_cannot_reach_real_tokens(name, task):
+    net = model(name, task).eval()
+    tokens, other, mask = padded_pair((2, 30), lambda: torch.randint(0, 20, (2, 30)))
+    a, b = net(tokens, mask), net(other, mask)
+    torch.testing.assert_close(a if task == "classify" else a[mask], b if task == "classify" else b[mask])
+
+
+@pytest.mark.parametrize(("name", "task"), MODEL_TASKS)
+def test_model_save_load_round_trip_is_exact(name, task, tmp_path):
+    net = model(name, task).eval()
+    net.save_pretrained(tmp_path / "saved")
+    loaded = tokenmix.from_pretrained(tmp_path / "saved").eval()
+    assert loaded.config == net.config
+    tokens = torch.randint(0, 20, (2, 11))
+    torch.testing.assert_close(loaded(tokens), net(tokens), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", tokenmix.list_models())
+def test_model_survives_pickle_and_deepcopy(name):
+    net = model(name, model_spec(name).tasks[0]).eval()
+    tokens = torch.randint(0, 20, (2, 11))
+    expected = net(tokens)
+    for clone in (pickle.loads(pickle.dumps(net)), copy.deepcopy(net)):
+        torch.testing.assert_close(clone(tokens), expected)
+
+
+@pytest.mark.parametrize("name", tokenmix.list_models())
+def test_unknown_model_option_names_every_accepted_one(name):
+    net = model(name, model_spec(name).tasks[0])
+    with pytest.raises(ValueError, match="unknown option 'no_such_option'") as raised:
+        model(name, model_spec(name).tasks[0], no_such_option=1)
+    assert all(option in str(raised.value) for option in net.config.options)
+
+
+@pytest.mark.parametrize("name", tokenmix.list_models())
+def test_model_takes_an_empty_batch(name):
+    task = model_spec(name).tasks[0]
+    out = model(name, task)(torch.zeros(0, 9, dtype=torch.long))
+    assert out.shape[0] == 0
+
+
+@pytest.mark.parametrize("name", tokenmix.list_models())
+def test_weight_decay_reaches_linear_weights_only(name):
+    """Kernel parameters (EMA coefficients, SKI knots and taps, TCN taps, q/k scales) and the tied
+    embedding are exempt; every decayed parameter is the weight of a linear map."""
+    net = model(name, model_spec(name).tasks[0])
+    decayed, plain = (group["params"] for group in parameter_groups(net, 0.1))
+    linear_weights = {id(module.weight) for module in net.modules() if isinstance(module, torch.nn.Linear)}
+    assert {id(p) for p in decayed} == linear_weights - {id(net.embedding.weight)}
+    assert len(decayed) + len(plain) == len(list(net.parameters()))

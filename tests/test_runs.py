@@ -1,0 +1,178 @@
+"""Nothing a user trained is lost or silently replaced: run directories, resumes, signals, divergence."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tokenmix.cli import main
+from tokenmix.train import TrainConfig, Trainer, load_checkpoint
+from tokenmix.train.loop import TrainingDiverged, parse_interval
+from tokenmix.train.runs import read_metrics
+
+
+def tiny(text_file, out, **overrides) -> TrainConfig:
+    settings = dict(data=text_file, dim=8, depth=1, seq_len=16, batch_size=2, steps=6, warmup=2, eval_every=100, eval_tokens=64)
+    return TrainConfig(**{**settings, "out": str(out), "options": {"rpe_dim": 4}, **overrides})
+
+
+def cli_train(text_file, out, *extra) -> list[str]:
+    sizes = ["--data", text_file, "--dim", "8", "--depth", "1", "--seq-len", "16", "--batch-size", "2", "--warmup", "2"]
+    quiet = ["--eval-every", "100", "--eval-tokens", "64", "--sample-tokens", "0"]
+    return ["train", *sizes, *quiet, "-o", "rpe_dim=4", "--out", str(out), *extra]
+
+
+def weights(run) -> dict:
+    return load_checkpoint(run)["model"]
+
+
+def steps_logged(run) -> list[int]:
+    return [record["step"] for record in read_metrics(run / "metrics.jsonl") if "loss" in record and "split" not in record]
+
+
+def test_a_run_directory_is_never_silently_reused(text_file, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(cli_train(text_file, run, "--steps", "3")) == 0
+    before = (run / "checkpoint.pt").read_bytes()
+    with pytest.raises(SystemExit) as exit_info:
+        main(cli_train(text_file, run, "--steps", "3"))
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert "already holds a run" in error and "--resume" in error and "--overwrite" in error
+    assert (run / "checkpoint.pt").read_bytes() == before
+    assert main(cli_train(text_file, run, "--steps", "4", "--overwrite")) == 0
+    records = read_metrics(run / "metrics.jsonl")
+    assert steps_logged(run) == [1, 2, 3, 4] and sum(bool(r.get("final")) for r in records) == 1
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--lr", "0.01"], ["lr: checkpoint 0.003, given 0.01"]),
+        (["--seq-len", "24", "--batch-size", "3"], ["seq_len: checkpoint 16, given 24", "batch_size: checkpoint 2, given 3"]),
+        (["--schedule", "constant"], ["schedule: checkpoint 'cosine', given 'constant'"]),
+        (["--data", "shakespeare"], ["data: checkpoint"]),
+        (["--steps", "2"], ["ends before the checkpoint's step 3"]),
+        ([], ["already finished at step 3"]),
+    ],
+)
+def test_resume_refuses_changes_that_break_the_run(text_file, tmp_path, capsys, flags, named):
+    run = tmp_path / "run"
+    assert main(cli_train(text_file, run, "--steps", "3")) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["train", "--resume", "--out", str(run), *flags])
+    error = capsys.readouterr().err
+    assert all(text in error for text in named), error
+
+
+def test_more_steps_are_allowed_and_recorded_truthfully(text_file, tmp_path):
+    run = tmp_path / "run"
+    assert main(cli_train(text_file, run, "--steps", "3")) == 0
+    assert main(["train", "--resume", "--out", str(run), "--steps", "5", "--sample-tokens", "0"]) == 0  # other settings from the checkpoint
+    state = load_checkpoint(run)
+    assert state["step"] == 5 and state["train_config"]["steps"] == 5 and state["train_config"]["seq_len"] == 16
+    assert state["resumes"] == [{"step": 3, "changed": {"steps": [3, 5]}}]
+    records = read_metrics(run / "metrics.jsonl")
+    assert {"step": 3, "event": "resume", "changed": {"steps": [3, 5]}} in records
+    assert steps_logged(run) == [1, 2, 3, 4, 5] and sum(bool(r.get("final")) for r in records) == 1
+
+
+def test_resume_after_a_kill_logs_each_step_once_and_removes_stale_temporaries(text_file, tmp_path):
+    straight = Trainer(tiny(text_file, tmp_path / "a"), progress=False)
+    straight.run()
+    interrupted = Trainer(tiny(text_file, tmp_path / "b"), progress=False)
+    for _ in range(3):
+        interrupted.log({"step": interrupted.step + 1, "loss": interrupted.train_step()})
+    interrupted.save()
+    for _ in range(2):  # steps after the last save, then a kill: logged, never saved
+        interrupted.log({"step": interrupted.step + 1, "loss": interrupted.train_step()})
+    (tmp_path / "b" / "checkpoint.pt.tmp").write_bytes(b"half a checkpoint")
+    resumed = Trainer(tiny(text_file, tmp_path / "b"), resume=True, progress=False)
+    assert not (tmp_path / "b" / "checkpoint.pt.tmp").exists()
+    resumed.run()
+    assert steps_logged(tmp_path / "b") == [1, 2, 3, 4, 5, 6]
+    for name, tensor in weights(tmp_path / "a").items():
+        assert torch.equal(tensor, weights(tmp_path / "b")[name]), name
+
+
+def test_checkpoints_follow_save_every_not_eval_every(text_file, tmp_path, monkeypatch):
+    saved = []
+    monkeypatch.setattr(Trainer, "save", lambda self: saved.append(self.step))
+    Trainer(tiny(text_file, tmp_path / "r", steps=7, save_every="3", eval_every=2), progress=False).run()
+    assert saved == [3, 6, 7]
+    assert parse_interval("10m") == (None, 600.0) and parse_interval("90s") == (None, 90.0) and parse_interval("200") == (200, None)
+    for bad in ("0", "-5", "ten", "5x", "nanm"):
+        with pytest.raises(ValueError, match="save_every"):
+            parse_interval(bad)
+
+
+@pytest.fixture
+def keep_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_saves_a_checkpoint_and_resume_finishes_the_same_run(text_file, tmp_path, stop, keep_threads):
+    steps = ["--steps", "600", "--threads", "1"]  # one thread everywhere: the same reductions, bit for bit
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tokenmix.cli", *cli_train(text_file, tmp_path / "b", *steps)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while len(steps_logged_safely(tmp_path / "b")) < 5 and process.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    process.send_signal(stop)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 130, out + err
+    assert "Traceback" not in err and "checkpoint saved" in err and "--resume" in err
+    stopped_at = load_checkpoint(tmp_path / "b")["step"]
+    assert 5 <= stopped_at < 600
+    assert main(["train", "--resume", "--out", str(tmp_path / "b"), "--sample-tokens", "0"]) == 0
+    assert steps_logged(tmp_path / "b") == list(range(1, 601))
+    assert main(cli_train(text_file, tmp_path / "a", *steps)) == 0
+    for name, tensor in weights(tmp_path / "a").items():
+        assert torch.equal(tensor, weights(tmp_path / "b")[name]), name
+
+
+def steps_logged_safely(run) -> list[int]:
+    try:
+        return steps_logged(run)
+    except (json.JSONDecodeError, FileNotFoundError):  # a line being written
+        return []
+
+
+def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(text_file, tmp_path, monkeypatch):
+    trainer = Trainer(tiny(text_file, tmp_path / "r", steps=10, save_every="2"), progress=False)
+    original = Trainer.train_step
+
+    def poisoned(self):
+        loss = original(self)
+        if self.step == 5:
+            with torch.no_grad():
+                next(self.model.parameters()).fill_(float("nan"))
+            return float("nan")
+        return loss
+
+    monkeypatch.setattr(Trainer, "train_step", poisoned)
+    with pytest.raises(TrainingDiverged, match="loss became nan at step 5.*last good checkpoint"):
+        trainer.run()
+    state = load_checkpoint(tmp_path / "r")
+    assert state["step"] == 4 and all(torch.isfinite(t).all() for t in state["model"].values() if t.is_floating_point())
+
+
+def test_the_cli_reports_divergence_in_one_line(text_file, tmp_path, capsys):
+    assert main(cli_train(text_file, tmp_path / "r", "--steps", "40", "--lr", "1e12", "--grad-clip", "0", "--save-every", "1")) == 1
+    error = capsys.readouterr().err
+    assert "became" in error and "last good checkpoint" in error and "Traceback" not in error
+    state = load_checkpoint(tmp_path / "r")
+    assert all(torch.isfinite(t).all() for t in state["model"].values() if t.is_floating_point())

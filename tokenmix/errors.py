@@ -1,0 +1,23 @@
+"""Errors the command line reports in one line: problems with what the user asked for.
+
+Library code raises ValueError for bad input. The CLI reads arguments, data and checkpoints inside
+``user_input()``, which turns those ValueErrors into ``UsageError``; a ValueError raised later, deep
+in a long run, is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+
+class UsageError(Exception):
+    """A problem with the command's input; the CLI prints the message alone and exits with status 2."""
+
+
+@contextlib.contextmanager
+def user_input():
+    """Treat ValueErrors raised inside as problems with the user's input."""
+    try:
+        yield
+    except ValueError as error:
+        raise UsageError(str(error)) from error

@@ -1,0 +1,48 @@
+"""Keyword options of mixers, blocks and models: every default resolved, unknown names refused.
+
+A model is rebuilt from its saved options alone, so the options must be complete: a default that
+changes in a later version must not change a saved model. ``take_options`` reads a constructor's
+keyword parameters from its signature; classes that forward ``**options`` to a part (a block to
+its mixer) resolve that part's options too, so the result names every argument of every part.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+
+POSITIONAL = ("self", "dim", "causal")  # given by the caller, never options
+
+
+def take_options(function: Callable, options: dict, skip: Iterable[str] = POSITIONAL) -> tuple[dict, dict]:
+    """(own, rest): ``function``'s keyword arguments, taken from ``options`` or else its defaults,
+    and the options it does not take (to be forwarded, or refused)."""
+    own, rest = {}, dict(options)
+    for name, parameter in inspect.signature(function).parameters.items():
+        if name in skip or parameter.kind in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL):
+            continue
+        if name in rest:
+            own[name] = rest.pop(name)
+        elif parameter.default is not parameter.empty:
+            own[name] = parameter.default
+    return own, rest
+
+
+def refuse_unknown(unknown: dict, accepted: Iterable[str], owner: str) -> None:
+    """ValueError naming the unknown options and every accepted one."""
+    if unknown:
+        names = ", ".join(repr(name) for name in sorted(unknown))
+        plural = "s" if len(unknown) > 1 else ""
+        raise ValueError(f"unknown option{plural} {names} for {owner}; accepted options: {', '.join(sorted(accepted))}")
+
+
+class Configurable:
+    """Mixin: ``resolve_options(options) -> (resolved, unknown)`` from the constructor's signature.
+
+    Subclasses whose constructor forwards ``**options`` to a part override it to add that part's
+    resolved options.
+    """
+
+    @classmethod
+    def resolve_options(cls, options: dict) -> tuple[dict, dict]:
+        return take_options(cls.__init__, options)

@@ -1,0 +1,87 @@
+"""Run directories: one run per directory, resumed truthfully, never silently replaced.
+
+A run directory holds ``checkpoint.pt``, ``metrics.jsonl`` and ``model/``. Starting a run where
+one exists is refused unless asked to ``overwrite`` it (which removes those files first) or to
+resume it. A resume keeps every setting of the run except the ones that only say how long to
+train or how to watch it (``RESUMABLE``); changing any other is refused with both values named.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from ..files import remove_stale_temporaries
+from .checkpoint import CHECKPOINT_FILE
+
+METRICS_FILE = "metrics.jsonl"
+MODEL_DIRECTORY = "model"
+RUN_FILES = (CHECKPOINT_FILE, METRICS_FILE, MODEL_DIRECTORY)
+# Settings a resume may change: how long to train and how to watch and save the run.
+RESUMABLE = ("steps", "minutes", "eval_every", "eval_tokens", "save_every", "threads", "device", "check_finite")
+
+
+def existing_run_files(out: Path) -> list[str]:
+    return [name for name in RUN_FILES if (out / name).exists()]
+
+
+def claim_directory(out: Path, overwrite: bool) -> list[Path]:
+    """Make ``out`` ready for a new run; returns stale temporary files it removed.
+
+    ValueError if ``out`` holds a run and ``overwrite`` is False; with ``overwrite`` its run files go.
+    """
+    found = existing_run_files(out)
+    if found and not overwrite:
+        raise ValueError(
+            f"--out {str(out)!r} already holds a run ({', '.join(found)}): continue it with --resume, "
+            "replace it with --overwrite, or choose another --out"
+        )
+    for name in found:
+        path = out / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return clean_stale(out)
+
+
+def clean_stale(out: Path) -> list[Path]:
+    """Remove the temporary files a killed save left (``checkpoint.pt.tmp``, ``model/*.tmp``)."""
+    return remove_stale_temporaries(out) + remove_stale_temporaries(out / MODEL_DIRECTORY)
+
+
+def resume_changes(saved: dict, requested: dict, step: int) -> dict[str, list]:
+    """The settings a resume changes, as {field: [checkpoint value, new value]}.
+
+    ValueError naming every refused field with both values, or a run length that ends before ``step``.
+    """
+    changes = {key: [saved.get(key), value] for key, value in requested.items() if saved.get(key) != value}
+    refused = {key: pair for key, pair in changes.items() if key not in RESUMABLE}
+    if refused:
+        listed = "; ".join(f"{key}: checkpoint {old!r}, given {new!r}" for key, (old, new) in sorted(refused.items()))
+        raise ValueError(
+            f"--resume continues the run as it was set up, but these settings differ from its checkpoint: {listed}. "
+            f"A resume may change only {', '.join(RESUMABLE)}; start a new run (another --out, or --overwrite) to change the others"
+        )
+    if requested.get("steps") is not None and requested["steps"] < step:
+        raise ValueError(f"--steps {requested['steps']} ends before the checkpoint's step {step}: give --steps > {step} to train further")
+    if "minutes" in changes and saved.get("minutes") is not None and requested.get("minutes") is not None:
+        if requested["minutes"] < saved["minutes"]:
+            raise ValueError(f"--minutes {requested['minutes']} is shorter than the run's {saved['minutes']}: a resume may only extend it")
+    return changes
+
+
+def read_metrics(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def truncate_metrics(path: Path, step: int) -> int:
+    """Keep the records of steps <= ``step`` (the checkpoint's), without the old final record; returns how many went.
+
+    A run killed after its last save logged steps the resumed run will log again: each step is kept once.
+    """
+    records = read_metrics(path)
+    kept = [record for record in records if record.get("step", 0) <= step and not record.get("final")]
+    if len(kept) != len(records):
+        path.write_text("".join(json.dumps(record) + "\n" for record in kept))
+    return len(records) - len(kept)
