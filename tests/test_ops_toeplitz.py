@@ -9,6 +9,8 @@ from tokenmix.ops import (
     naive_toeplitz_matvec,
     toeplitz_matvec,
 )
+from tokenmix.ops.layout import channels_first, naive_channels_first
+from tokenmix.ops.toeplitz import complex_readout, factored_spectral_matvec, spectral_matvec
 
 
 def _even_5_smooth(size: int) -> bool:
@@ -95,3 +97,35 @@ def test_bad_kernel_shapes_raise():
         toeplitz_matvec(x, torch.randn(9, 3), causal=False)
     with pytest.raises(ValueError, match="batch, length, channels"):
         toeplitz_matvec(torch.randn(5, 2), torch.randn(9, 2), causal=False)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("batch", "n", "d", "length"), [(1, 1000, 1100, 2000), (3, 700, 600, 1500), (2, 300, 2000, 300)])
+def test_channels_first_equals_the_plain_transposed_copy(batch, n, d, length, threads):
+    """Sizes above the blocked path's threshold, lengths not a multiple of its token block."""
+    x = torch.randn(batch, n, d)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert torch.equal(channels_first(x, length), naive_channels_first(x, length))
+    finally:
+        torch.set_num_threads(previous)
+    with pytest.raises(ValueError, match="length must be"):
+        channels_first(x, n - 1)
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_factored_product_equals_the_product_of_its_spectrum(n):
+    """K = R^T S inside the fused op == the differentiable composition complex_readout then spectral_matvec."""
+    fft_size = fast_fft_size(2 * n)
+    x = torch.randn(2, n, 5, dtype=torch.float64, requires_grad=True)
+    basis = torch.randn(3, fft_size // 2 + 1, dtype=torch.complex128, requires_grad=True)
+    readout = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    fast = factored_spectral_matvec(x, basis, readout, fft_size)
+    slow = spectral_matvec(x, complex_readout(basis, readout), fft_size)
+    assert relative_error(fast, slow) < 1e-12
+    grad = torch.randn_like(fast)
+    for a, b in zip(
+        torch.autograd.grad(fast, [x, basis, readout], grad), torch.autograd.grad(slow, [x, basis, readout], grad), strict=True
+    ):
+        assert relative_error(a, b) < 1e-11

@@ -20,11 +20,11 @@ import torch
 
 from ..ops.fft import fast_fft_size, spectral_dtype
 from ..ops.hilbert import causal_impulse_response, causal_spectrum
-from ..ops.toeplitz import spectral_matvec
+from ..ops.toeplitz import complex_readout, spectral_matvec
 from .base import Mixer, ToeplitzOperator
 from .registry import register_mixer
 from .rpe import RelativePositionEncoder
-from .tno import SpectrumCache, complex_readout
+from .tno import SpectrumCache
 
 
 def rfft_frequencies(fft_size: int, device=None) -> torch.Tensor:
@@ -63,11 +63,15 @@ class FdTno(ToeplitzOperator, Mixer):
         imaginary[:, 0] = imaginary[:, -1] = 0.0
         return torch.complex(real, imaginary)
 
+    def causal_factors(self, fft_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(causal basis spectra (e + 1, N/2 + 1), readout (e + 1, dim)): causal G = readout^T @ basis."""
+        return causal_spectrum(self._basis(fft_size), fft_size), self._readout()
+
     def spectrum(self, fft_size: int) -> torch.Tensor:
         """The same G via the factored form (what ``mix`` uses)."""
-        basis, readout = self._basis(fft_size), self._readout()
         if self.causal:
-            return complex_readout(causal_spectrum(basis, fft_size), readout)
+            return complex_readout(*self.causal_factors(fft_size))
+        basis, readout = self._basis(fft_size), self._readout()
         interior = torch.ones_like(basis[0])  # Im G = 0 at w = 0 and w = pi
         interior[0] = interior[-1] = 0.0
         real, imaginary = (readout.t().to(basis.dtype) @ basis).view(2, self.dim, -1).unbind(0)  # unbind: no zero-filled grads
@@ -83,6 +87,9 @@ class FdTno(ToeplitzOperator, Mixer):
         return torch.cat([taps[:, fft_size - (n - 1) :], taps[:, :n]], dim=1).t()
 
     def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Causal: the fused factored product. Bidirectional: Re and Im of G come from different readout
+        rows, so G is formed by two matmuls and differentiated plainly."""
         fft_size = fast_fft_size(2 * x.shape[1])
-        spectrum = self._cache.get(self, fft_size, lambda: self.spectrum(fft_size))
-        return spectral_matvec(x, spectrum, fft_size)
+        if self.causal:
+            return self._cache.factored_matvec(self, x, fft_size, fft_size, lambda: self.causal_factors(fft_size))
+        return spectral_matvec(x, self._cache.get(self, fft_size, lambda: self.spectrum(fft_size)), fft_size)

@@ -45,12 +45,12 @@ from ..ops.ski import (
     ski_weights,
     toeplitz_blocks,
 )
-from ..ops.toeplitz import naive_toeplitz_matrix, spectral_matvec, toeplitz_spectrum
+from ..ops.toeplitz import naive_toeplitz_matrix, toeplitz_spectrum
 from ..validation import check_int
 from .base import Mixer
 from .registry import register_mixer
 from .rpe import PiecewiseLinearEncoder
-from .tno import SpectrumCache, complex_readout, relative_lags
+from .tno import SpectrumCache, relative_lags
 
 PATHS = ("auto", "dense", "sparse")
 # path="auto": the sparse path from this length on, per interpolation (None: never). Measured with
@@ -200,8 +200,7 @@ class SkiTno(Mixer):
         n = x.shape[1]
         if self.causal:
             basis_spectrum = self._basis_spectra(n, x.device)
-            spectrum = self._cache.get(self, n, lambda: complex_readout(basis_spectrum, self._causal_values()))
-            return spectral_matvec(x, spectrum, fast_fft_size(2 * n))
+            return self._cache.factored_matvec(self, x, n, fast_fft_size(2 * n), lambda: (basis_spectrum, self._causal_values()))
         kernel = self.inducing_kernel(n)
         if self.uses_sparse_path(n) and self.degree == 1:
             low_rank = ski_linear_matvec(x, kernel)

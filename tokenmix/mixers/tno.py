@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..ops.fft import fast_fft_size
-from ..ops.toeplitz import spectral_matvec, toeplitz_spectrum
+from ..ops.toeplitz import complex_readout, factored_spectral_matvec, spectral_matvec, toeplitz_spectrum
 from .base import Mixer, ToeplitzOperator
 from .registry import register_mixer
 from .rpe import RelativePositionEncoder
@@ -29,16 +29,6 @@ def relative_lags(n: int, causal: bool, device=None) -> torch.Tensor:
     """Lags 0..n-1 (causal) or -(n-1)..n-1 (bidirectional), as float."""
     start = 0 if causal else -(n - 1)
     return torch.arange(start, n, device=device, dtype=torch.float32)
-
-
-def complex_readout(spectrum: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
-    """readout (e, d) real, spectrum (e, F) complex -> readout^T @ spectrum, (d, F) complex.
-
-    One real matmul on the (e, 2F) real view: its (d, 2F) result is already interleaved complex.
-    """
-    rows, frequencies = spectrum.shape
-    product = readout.t().to(spectrum.real.dtype) @ torch.view_as_real(spectrum).reshape(rows, 2 * frequencies)
-    return torch.view_as_complex(product.view(-1, frequencies, 2))
 
 
 class ExponentialDecay(nn.Module):
@@ -81,6 +71,14 @@ class SpectrumCache:
             self.key, self.value = key, compute()
         return self.value
 
+    def factored_matvec(self, module: nn.Module, x: torch.Tensor, n: int, fft_size: int, factors) -> torch.Tensor:
+        """T x for the spectrum readout^T @ basis, ``factors() -> (basis, readout)``: in eval mode without
+        autograd the whole spectrum, cached; otherwise the fused factored product (no (d, F) spectrum gradient)."""
+        if module.training or torch.is_grad_enabled():
+            self.key = self.value = None
+            return factored_spectral_matvec(x, *factors(), fft_size)
+        return spectral_matvec(x, self.get(module, n, lambda: complex_readout(*factors())), fft_size)
+
 
 @register_mixer("tno")
 class Tno(ToeplitzOperator, Mixer):
@@ -113,19 +111,23 @@ class Tno(ToeplitzOperator, Mixer):
         lags = relative_lags(n, self.causal, self.rpe.output.weight.device)
         return self.decay(lags)[:, None] * self.rpe(lags)
 
+    def spectrum_factors(self, n: int, fft_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(basis spectrum (e + 1, N/2 + 1), readout (e + 1, dim)): the spectrum is readout^T @ basis."""
+        lags = relative_lags(n, self.causal, self.rpe.output.weight.device)
+        decay = self.decay(lags)[:, None]
+        basis = torch.cat([decay * self.rpe.features(lags), decay], dim=1)
+        readout = torch.cat([self.rpe.output.weight.t(), self.rpe.output.bias[None]], dim=0)
+        return toeplitz_spectrum(basis, n, self.causal, fft_size), readout
+
     def spectrum(self, n: int, fft_size: int) -> torch.Tensor:
         """rfft of the circulant embedding of the kernel, (dim, N/2 + 1), factored unless told otherwise."""
         if not self.factored:
             return toeplitz_spectrum(self.kernel(n), n, self.causal, fft_size)
-        lags = relative_lags(n, self.causal, self.rpe.output.weight.device)
-        decay = self.decay(lags)[:, None]
-        basis = torch.cat([decay * self.rpe.features(lags), decay], dim=1)
-        basis_spectrum = toeplitz_spectrum(basis, n, self.causal, fft_size)
-        readout = torch.cat([self.rpe.output.weight.t(), self.rpe.output.bias[None]], dim=0)
-        return complex_readout(basis_spectrum, readout)
+        return complex_readout(*self.spectrum_factors(n, fft_size))
 
     def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         n = x.shape[1]
         fft_size = fast_fft_size(2 * n)
-        spectrum = self._cache.get(self, n, lambda: self.spectrum(n, fft_size))
-        return spectral_matvec(x, spectrum, fft_size)
+        if self.factored:
+            return self._cache.factored_matvec(self, x, n, fft_size, lambda: self.spectrum_factors(n, fft_size))
+        return spectral_matvec(x, self._cache.get(self, n, lambda: self.spectrum(n, fft_size)), fft_size)

@@ -20,6 +20,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .fft import fast_fft_size, hermitian_weights, spectral_dtype
+from .layout import channels_first
 
 
 def _check_kernel(kernel: torch.Tensor, n: int, causal: bool) -> None:
@@ -52,6 +53,35 @@ def toeplitz_spectrum(kernel: torch.Tensor, n: int, causal: bool, fft_size: int 
     return torch.fft.rfft(layout.t(), dim=-1)
 
 
+def _input_spectrum(x: torch.Tensor, fft_size: int) -> torch.Tensor:
+    """rfft along the length of x (batch, n, d) at N points, channels first: (batch, d, N/2 + 1)."""
+    return torch.fft.rfft(channels_first(x, fft_size), dim=-1)
+
+
+def _output_signal(product: torch.Tensor, fft_size: int, n: int) -> torch.Tensor:
+    """The first n samples of irfft(product, N), as a (batch, n, d) view of the channels-first result."""
+    return torch.fft.irfft(product, n=fft_size, dim=-1)[..., :n].transpose(1, 2)
+
+
+def _convolve(ctx, x: torch.Tensor, spectrum: torch.Tensor, fft_size: int, keep_input: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Forward of both Functions: y = irfft(rfft(x) * K)[:n], and rfft(x) when ``keep_input`` (for dL/dK)."""
+    x_freq = _input_spectrum(x, fft_size)
+    product = x_freq * spectrum if keep_input else x_freq.mul_(spectrum)
+    ctx.fft_size = fft_size
+    return _output_signal(product, fft_size, x.shape[1]), x_freq if keep_input else None
+
+
+def _convolve_backward(ctx, grad_y, x_freq, spectrum, want_x: bool, want_spectrum: bool):
+    """(dL/dx, T) with T = sum_b conj(G) * X, G = rfft(dL/dy): dL/dK = (c / N) conj(T) in PyTorch's convention."""
+    fft_size, n = ctx.fft_size, grad_y.shape[1]
+    conj_grad_freq = torch.conj_physical_(_input_spectrum(grad_y, fft_size))
+    products = _batch_sum_of_products(conj_grad_freq, x_freq) if want_spectrum else None
+    grad_x = None
+    if want_x:  # dL/dx = irfft(G * conj(K)): a correlation with the kernel
+        grad_x = _output_signal(torch.conj_physical_(conj_grad_freq.mul_(spectrum)), fft_size, n)
+    return grad_x, products
+
+
 class _SpectralConvolution(torch.autograd.Function):
     """y = irfft(rfft(x, N) * K)[:n] along the length of x (batch, n, d); K is (d, N/2 + 1).
 
@@ -59,7 +89,8 @@ class _SpectralConvolution(torch.autograd.Function):
     PyTorch's convention for a complex K, dL/dK = sum_batch (c / N) * G * conj(X), where
     G = rfft(dL/dy, N) and c are the onesided Hermitian weights (PyTorch's generic rfft backward
     would run a full complex FFT). Large temporaries are reused in place: on CPU a fresh buffer
-    costs more than the arithmetic. The output is a (batch, n, d) view of a channels-first buffer.
+    costs more than the arithmetic. Inputs of the FFTs are made channels first by ``channels_first``;
+    the output is a (batch, n, d) view of a channels-first buffer.
 
     Once differentiable: the backward reads rfft(x) saved from the forward, which carries no graph,
     so a second derivative would silently miss the terms through x. Double backward (Hessian-vector
@@ -68,33 +99,61 @@ class _SpectralConvolution(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, spectrum: torch.Tensor, fft_size: int) -> torch.Tensor:
-        n = x.shape[1]
-        x_freq = torch.fft.rfft(x.transpose(1, 2), n=fft_size, dim=-1)
-        if ctx.needs_input_grad[1]:
-            ctx.save_for_backward(x_freq, spectrum)
-            product = x_freq * spectrum
-        else:
-            if ctx.needs_input_grad[0]:
-                ctx.save_for_backward(spectrum)
-            product = x_freq.mul_(spectrum)
-        ctx.fft_size = fft_size
-        return torch.fft.irfft(product, n=fft_size, dim=-1)[..., :n].transpose(1, 2)
+        y, x_freq = _convolve(ctx, x, spectrum, fft_size, keep_input=ctx.needs_input_grad[1])
+        ctx.save_for_backward(x_freq, spectrum)
+        return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_y: torch.Tensor):
-        *x_freq, spectrum = ctx.saved_tensors
-        fft_size, n = ctx.fft_size, grad_y.shape[1]
-        conj_grad_freq = torch.conj_physical_(torch.fft.rfft(grad_y.transpose(1, 2), n=fft_size, dim=-1))
-        grad_x = grad_spectrum = None
-        if ctx.needs_input_grad[1]:
-            grad_spectrum = _batch_sum_of_products(conj_grad_freq, x_freq[0])
-            weights = hermitian_weights(fft_size, grad_y.dtype, grad_y.device).div_(fft_size)
-            grad_spectrum = torch.conj_physical_(grad_spectrum).mul_(weights)
-        if ctx.needs_input_grad[0]:
-            grad_freq = torch.conj_physical_(conj_grad_freq.mul_(spectrum))
-            grad_x = torch.fft.irfft(grad_freq, n=fft_size, dim=-1)[..., :n].transpose(1, 2)
+        x_freq, spectrum = ctx.saved_tensors
+        grad_x, products = _convolve_backward(ctx, grad_y, x_freq, spectrum, *ctx.needs_input_grad[:2])
+        grad_spectrum = None
+        if products is not None:
+            weights = hermitian_weights(ctx.fft_size, grad_y.dtype, grad_y.device).div_(ctx.fft_size)
+            grad_spectrum = torch.conj_physical_(products).mul_(weights)
         return grad_x, grad_spectrum, None
+
+
+def _real_view(spectrum: torch.Tensor) -> torch.Tensor:
+    """(rows, F) complex -> (rows, 2F) real, the interleaved real and imaginary parts (no copy)."""
+    return torch.view_as_real(spectrum).flatten(-2)
+
+
+class _FactoredSpectralConvolution(torch.autograd.Function):
+    """y = irfft(rfft(x, N) * K)[:n] with K = R^T S: a (d, F) spectrum linear in e basis spectra.
+
+    S (e, F) complex, R (e, d) real; in the real view K_v = R^T S_v, one matmul. With
+    T = sum_b conj(G) X (see ``_convolve_backward``), dL/dK_v = T_v * c_v where c_v interleaves
+    (c / N, -c / N) per frequency (the weights, and the conjugation as a sign), so
+    dL/dR = (S_v * c_v) T_v^T and dL/dS_v = (R T_v) * c_v: the weights and the conjugation act on
+    the small (e, 2F) side instead of costing two more passes over the (d, F) gradient.
+    Once differentiable, as ``_SpectralConvolution``.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, basis: torch.Tensor, readout: torch.Tensor, fft_size: int) -> torch.Tensor:
+        spectrum = complex_readout(basis, readout)
+        y, x_freq = _convolve(ctx, x, spectrum, fft_size, keep_input=any(ctx.needs_input_grad[1:3]))
+        ctx.save_for_backward(x_freq, spectrum, basis, readout)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_y: torch.Tensor):
+        x_freq, spectrum, basis, readout = ctx.saved_tensors
+        want_x, want_basis, want_readout = ctx.needs_input_grad[:3]
+        grad_x, products = _convolve_backward(ctx, grad_y, x_freq, spectrum, want_x, want_basis or want_readout)
+        grad_basis = grad_readout = None
+        if products is not None:
+            weights = hermitian_weights(ctx.fft_size, basis.real.dtype, basis.device).div_(ctx.fft_size)
+            signed = torch.stack([weights, -weights], dim=-1).flatten()
+            products = _real_view(products)
+            if want_readout:
+                grad_readout = ((_real_view(basis) * signed) @ products.t()).to(readout.dtype)
+            if want_basis:
+                grad_basis = torch.view_as_complex((readout.to(products.dtype) @ products).mul_(signed).unflatten(-1, (-1, 2)))
+        return grad_x, grad_basis, grad_readout, None
 
 
 def _batch_sum_of_products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -113,6 +172,22 @@ def spectral_matvec(x: torch.Tensor, spectrum: torch.Tensor, fft_size: int) -> t
     work = spectral_dtype(x.dtype)
     y = _SpectralConvolution.apply(x.to(work), spectrum, fft_size)
     return y.to(x.dtype)
+
+
+def factored_spectral_matvec(x: torch.Tensor, basis: torch.Tensor, readout: torch.Tensor, fft_size: int) -> torch.Tensor:
+    """``spectral_matvec`` for the spectrum readout^T @ basis (basis (e, F) complex, readout (e, d) real)
+    without differentiating through the (d, F) spectrum: the fused product of TNO, FD-TNO and causal
+    SKI-TNO, whose kernels are linear in a few parameter columns."""
+    work = spectral_dtype(x.dtype)
+    y = _FactoredSpectralConvolution.apply(x.to(work), basis, readout, fft_size)
+    return y.to(x.dtype)
+
+
+def complex_readout(basis: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
+    """K = readout^T @ basis as (d, F) complex: one real matmul on the basis's (e, 2F) real view, whose
+    (d, 2F) result is already interleaved complex."""
+    product = readout.t().to(basis.real.dtype) @ _real_view(basis)
+    return torch.view_as_complex(product.unflatten(-1, (-1, 2)))
 
 
 def toeplitz_matvec(x: torch.Tensor, kernel: torch.Tensor, causal: bool) -> torch.Tensor:
