@@ -7,7 +7,7 @@ from tokenmix.bench import MEASUREMENT_FIELDS, Case, measure
 from tokenmix.bench import cli as bench_cli
 from tokenmix.bench.cli import apply_presets, bench_cases, source_revision
 from tokenmix.bench.measure import failed_measurement
-from tokenmix.bench.report import reading
+from tokenmix.bench.report import markdown_report, reading
 from tokenmix.bench.worker import run_in_subprocess
 from tokenmix.cli import build_parser, main
 
@@ -34,11 +34,11 @@ SIZES = ["--dim", "8", "--model-dim", "8", "--batch-tokens", "64", "--repeats", 
 
 
 def check_record(record: dict, provenance: bool = True) -> None:
-    assert set(record) == set(MEASUREMENT_FIELDS) == set(FIELD_TYPES) | set(RATIO_FIELDS) | {"error"}
+    assert set(record) == set(MEASUREMENT_FIELDS) == set(FIELD_TYPES) | set(RATIO_FIELDS) | {"error", "profile"}
     for name, kind in FIELD_TYPES.items():
         if provenance or name not in ("retain_freed_memory", "git_commit"):
             assert isinstance(record[name], kind), name
-    assert record["error"] is None
+    assert record["error"] is None and record["profile"] is None
     assert record["forward_ms"] > 0 and record["forward_backward_ms"] > 0 and record["peak_mem_mb"] >= 0
     fft_based = record["kind"] == "mixer" and record["mixer"] in ("tno", "fnet")
     for name in RATIO_FIELDS:
@@ -75,6 +75,15 @@ def test_measure_in_process_and_reading():
     assert any("grows 1.00x" in line for line in lines)  # twice the time for twice the tokens
 
 
+def test_profile_names_the_operators_of_a_training_step(tmp_path):
+    record = measure(Case("mixer", "tno", True, 300, 600, 8), repeats=1, profile=True).to_dict()
+    operators = [row["op"] for row in record["profile"]]
+    assert "aten::_fft_r2c" in operators and "tokenmix::channels_first" in operators  # blocked transposes, by name
+    assert all(row["self_ms"] >= 0 and 0 <= row["share"] <= 1 for row in record["profile"])
+    text = markdown_report([record], "tokenmix bench --profile", "test machine", [], tmp_path / "report.md")
+    assert "## Where a training step's time goes" in text and "tokenmix::channels_first" in text
+
+
 def test_reading_compares_names():
     base = {"kind": "mixer", "causal": True, "length": 8192, "batch": 1, "fft_floor_ms": None, "tokens_per_s": 1.0}
     tcn = {**base, "mixer": "tcn", "forward_ms": 2.0, "forward_backward_ms": 10.0, "peak_mem_mb": 100.0}
@@ -100,10 +109,10 @@ def test_bad_options_are_refused_before_anything_is_measured(tmp_path, capsys):
 def test_a_failed_case_is_reported_and_the_others_kept(tmp_path, capsys, monkeypatch):
     original = bench_cli.run_in_subprocess
 
-    def flaky(case, repeats, threads):
+    def flaky(case, repeats, threads, profile):
         if case.length == 16:
             return failed_measurement(case, "RuntimeError: out of memory")
-        return original(case, repeats, threads)
+        return original(case, repeats, threads, profile)
 
     monkeypatch.setattr(bench_cli, "run_in_subprocess", flaky)
     output, report = tmp_path / "bench.json", tmp_path / "bench.md"
@@ -116,14 +125,14 @@ def test_a_failed_case_is_reported_and_the_others_kept(tmp_path, capsys, monkeyp
 
 
 def test_a_crashing_worker_becomes_a_record():
-    record = run_in_subprocess(Case("mixer", "tcn", False, 8, 4, 1, options={"depth": 0}), 1, 1).to_dict()
+    record = run_in_subprocess(Case("mixer", "tcn", False, 8, 4, 1, options={"depth": 0}), 1, 1, profile=False).to_dict()
     assert "depth must be an integer >= 1" in record["error"] and record["forward_ms"] is None
 
 
 def test_every_finished_case_is_on_disk_before_the_next_one(tmp_path, monkeypatch):
     calls = []
 
-    def interrupted_after_one(case, repeats, threads):
+    def interrupted_after_one(case, repeats, threads, profile):
         calls.append(case)
         if len(calls) == 2:
             raise KeyboardInterrupt
@@ -143,7 +152,7 @@ def test_quick_keeps_explicit_choices():
         return arguments
 
     quick = preset("--quick")
-    assert quick.lengths == [256, 1024] and quick.kinds == ["mixer", "model"] and quick.repeats == 3 and quick.dim == 384
+    assert quick.lengths == [1024] and quick.kinds == ["mixer", "model"] and quick.repeats == 3 and quick.dim == 384
     chosen = preset("--quick", "--lengths", "64", "--kinds", "layer", "--dim", "32")
     assert chosen.lengths == [64] and chosen.kinds == ["layer"] and chosen.dim == 32 and chosen.repeats == 3
     full = preset()

@@ -25,7 +25,7 @@ from .report import comparison_rows, markdown_report, table_columns, write_plots
 from .worker import run_in_subprocess
 
 FULL = {"lengths": [512, 2048, 8192], "dim": 1536, "model_dim": 512, "repeats": 7}
-QUICK = {"lengths": [256, 1024], "dim": 384, "model_dim": 128, "repeats": 3, "kinds": ["mixer", "model"]}
+QUICK = {"lengths": [1024], "dim": 384, "model_dim": 128, "repeats": 3, "kinds": ["mixer", "model"]}
 CHECK_LENGTH = 8  # every case runs once at this length before anything is measured
 
 
@@ -36,7 +36,7 @@ def add_bench(subparsers) -> None:
     )
     parser.add_argument("--models", type=parse_names, default=None, help="models whose layer and whole model are timed (default: all)")
     parser.add_argument("--kinds", type=parse_names, default=None, help="any of mixer,layer,model (default: all; --quick: mixer,model)")
-    parser.add_argument("--lengths", type=parse_lengths, default=None, help="sequence lengths (default: 512,2048,8192; --quick: 256,1024)")
+    parser.add_argument("--lengths", type=parse_lengths, default=None, help="sequence lengths (default: 512,2048,8192; --quick: 1024)")
     parser.add_argument(
         "--dim", type=integer(1), default=None, help="mixer channels (default 1536, the GTU width of a 512-dim TNN; --quick: 384)"
     )
@@ -52,7 +52,7 @@ def add_bench(subparsers) -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="a small run: mixers and models at lengths 256,1024, dims 384/128, 3 repeats (explicit options win)",
+        help="a small run (about 100 s on 2 cores): every mixer and model at length 1024, dims 384/128, 3 repeats; explicit options win",
     )
     parser.add_argument(
         "-o",
@@ -62,6 +62,9 @@ def add_bench(subparsers) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="an option for every benchmarked mixer (layer, model), e.g. -o path=sparse; NAME.KEY=VALUE for one name only",
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="also record the operators taking most of one training step (torch.profiler) per case"
     )
     parser.add_argument("--output", default=None, metavar="FILE.json", help="write the records as JSON, updated after every case")
     parser.add_argument("--plot", default=None, metavar="DIR", help="write PNG plots into DIR")
@@ -167,12 +170,12 @@ def run_bench(args) -> int:
     for case in tqdm(cases, desc="bench", unit="case"):
         if in_process:
             try:
-                measurement = measure(case, args.repeats)
+                measurement = measure(case, args.repeats, profile=args.profile)
             except RuntimeError as error:  # e.g. CUDA out of memory: keep the other cases
                 measurement = failed_measurement(case, f"{type(error).__name__}: {error}")
             measurement.retain_freed_memory = allocator
         else:
-            measurement = run_in_subprocess(case, args.repeats, args.threads)
+            measurement = run_in_subprocess(case, args.repeats, args.threads, args.profile)
         measurement.git_commit = revision
         records.append(measurement.to_dict())
         if args.output:

@@ -22,7 +22,7 @@ import torch
 
 from ..ops.fft import fast_fft_size
 from .cases import DTYPES, Case
-from .timing import median_ms
+from .timing import median_ms, sync
 
 
 @dataclass
@@ -49,6 +49,7 @@ class Measurement:
     retain_freed_memory: bool | None = None  # the allocator setting of the measuring process
     git_commit: str | None = None
     error: str | None = None  # why the case failed (every timing then None)
+    profile: list[dict] | None = None  # with --profile: the operators taking most of a training step
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -109,7 +110,31 @@ def fft_floor_ms(x: torch.Tensor, repeats: int) -> dict[str, float]:
     return {"fft_channels_last_ms": last, "fft_channels_first_ms": first, "fft_floor_ms": min(last, first)}
 
 
-def measure(case: Case, repeats: int = 7) -> Measurement:
+PROFILE_ROWS = 12
+
+
+def profile_step(function, device: torch.device, calls: int = 3) -> list[dict]:
+    """The operators with the most self time in ``function`` (a training step), per call: op, self_ms, share.
+
+    CPU self time on CPU, device self time on CUDA (torch.profiler). Work done in helper threads shows
+    as the self time of the operator that waits for it (``tokenmix::channels_first``).
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    function()
+    with profile(activities=activities) as profiler:
+        for _ in range(calls):
+            function()
+        sync(device)
+    events = profiler.key_averages()
+    attribute = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    total = sum(getattr(event, attribute) for event in events) or 1.0
+    top = sorted(events, key=lambda event: getattr(event, attribute), reverse=True)[:PROFILE_ROWS]
+    return [{"op": e.key, "self_ms": getattr(e, attribute) / 1e3 / calls, "share": getattr(e, attribute) / total} for e in top]
+
+
+def measure(case: Case, repeats: int = 7, profile: bool = False) -> Measurement:
     module, inputs = case.build()
     device = inputs.device
     differentiable = inputs.is_floating_point()
@@ -133,6 +158,7 @@ def measure(case: Case, repeats: int = 7) -> Measurement:
         forward_backward()
         peak = max(0.0, _peak_resident_mb() - before)
     forward_backward_ms = median_ms(forward_backward, device, repeats)
+    operators = profile_step(forward_backward, device) if profile else None
     module.eval()
 
     def forward():
@@ -160,4 +186,5 @@ def measure(case: Case, repeats: int = 7) -> Measurement:
         **floors,
         fwd_ratio_to_fft=forward_ms / floor if floor else None,
         fwdbwd_ratio_to_fft=forward_backward_ms / floor if floor else None,
+        profile=operators,
     )

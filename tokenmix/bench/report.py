@@ -245,7 +245,24 @@ def markdown_report(records: list[dict], command: str, machine: str, plot_paths:
         parts += [""]
     parts += ["## Reading (computed from the tables above)", ""]
     parts += [f"- {line}" for line in reading(records)]
+    parts += profile_sections(records)
     return "\n".join(parts) + "\n"
+
+
+def profile_sections(records: list[dict]) -> list[str]:
+    """One table per profiled case: the operators taking most of its training step."""
+    profiled = [record for record in measured(records) if record.get("profile")]
+    if not profiled:
+        return []
+    parts = ["", "## Where a training step's time goes (torch.profiler, self time per step)", ""]
+    for record in profiled:
+        parts += [
+            f"### {_label((record['kind'], record['mixer'], record['causal']))}, length {record['length']}, batch {record['batch']}",
+            "",
+        ]
+        rows = [{"op": row["op"], "self_ms": row["self_ms"], "share": f"{row['share']:.1%}"} for row in record["profile"]]
+        parts += [format_table(rows, ["op", "self_ms", "share"]), ""]
+    return parts
 
 
 def comparison_rows(before: list[dict], after: list[dict]) -> list[dict]:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -18,11 +18,11 @@ def median_ms(function: Callable[[], object], device: torch.device, repeats: int
     """Median wall time of ``function()`` in milliseconds."""
     for _ in range(warmup):
         function()
-    _sync(device)
+    sync(device)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         function()
-        _sync(device)
+        sync(device)
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)

@@ -1,4 +1,4 @@
-"""Run one benchmark case in this (fresh) process: ``python -m tokenmix.bench.worker CASE_JSON REPEATS THREADS``.
+"""Run one benchmark case in this (fresh) process: ``python -m tokenmix.bench.worker CASE_JSON REPEATS THREADS PROFILE``.
 
 Prints the measurement as one JSON line.
 """
@@ -16,9 +16,9 @@ from .cases import Case
 from .measure import Measurement, failed_measurement, measure
 
 
-def run_in_subprocess(case: Case, repeats: int, threads: int) -> Measurement:
+def run_in_subprocess(case: Case, repeats: int, threads: int, profile: bool = False) -> Measurement:
     """Measure ``case`` in a fresh Python process (clean peak-RSS accounting on CPU); a failure becomes a record with ``error``."""
-    command = [sys.executable, "-m", "tokenmix.bench.worker", json.dumps(case.to_dict()), str(repeats), str(threads)]
+    command = [sys.executable, "-m", "tokenmix.bench.worker", json.dumps(case.to_dict()), str(repeats), str(threads), str(int(profile))]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
@@ -27,10 +27,10 @@ def run_in_subprocess(case: Case, repeats: int, threads: int) -> Measurement:
 
 
 def main(argv: list[str]) -> None:
-    case_json, repeats, threads = argv
+    case_json, repeats, threads, profile = argv
     retained = retain_freed_memory()
     torch.set_num_threads(int(threads))
-    measurement = measure(Case(**json.loads(case_json)), int(repeats))
+    measurement = measure(Case(**json.loads(case_json)), int(repeats), profile=profile == "1")
     measurement.retain_freed_memory = retained
     print(json.dumps(measurement.to_dict()))
 

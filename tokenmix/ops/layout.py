@@ -66,8 +66,9 @@ def channels_first(x: torch.Tensor, length: int) -> torch.Tensor:
                 block.copy_(x[b, start:stop].t())  # a whole transposed matrix: PyTorch's blocked transpose
                 out[b, :, start:stop].copy_(block)
 
-    if workers == 1:
-        transpose_blocks(0)
-    else:
-        list(_executor().map(transpose_blocks, range(workers)))
+    with torch.profiler.record_function("tokenmix::channels_first"):  # the helper threads' work, by name in profiles
+        if workers == 1:
+            transpose_blocks(0)
+        else:
+            list(_executor().map(transpose_blocks, range(workers)))
     return out
