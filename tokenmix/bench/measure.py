@@ -113,25 +113,27 @@ def fft_floor_ms(x: torch.Tensor, repeats: int) -> dict[str, float]:
 PROFILE_ROWS = 12
 
 
-def profile_step(function, device: torch.device, calls: int = 3) -> list[dict]:
-    """The operators with the most self time in ``function`` (a training step), per call: op, self_ms, share.
+def profile_step(function, device: torch.device, steps: int = 3) -> list[dict]:
+    """The operators with the most self time in ``function`` (a training step), per step: op, self_ms, share.
 
-    CPU self time on CPU, device self time on CUDA (torch.profiler). Work done in helper threads shows
-    as the self time of the operator that waits for it (``tokenmix::channels_first``).
+    torch.profiler records ``steps`` calls after two unrecorded warm-up calls under the profiler
+    (its own allocations would otherwise land in the first recorded steps). CPU self time on CPU,
+    device self time on CUDA. Work done in helper threads shows as the self time of the operator
+    that waits for it (``tokenmix::channels_first``).
     """
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, schedule
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    function()
-    with profile(activities=activities) as profiler:
-        for _ in range(calls):
+    with profile(activities=activities, schedule=schedule(wait=1, warmup=2, active=steps)) as profiler:
+        for _ in range(1 + 2 + steps):
             function()
-        sync(device)
+            sync(device)
+            profiler.step()
     events = profiler.key_averages()
     attribute = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     total = sum(getattr(event, attribute) for event in events) or 1.0
     top = sorted(events, key=lambda event: getattr(event, attribute), reverse=True)[:PROFILE_ROWS]
-    return [{"op": e.key, "self_ms": getattr(e, attribute) / 1e3 / calls, "share": getattr(e, attribute) / total} for e in top]
+    return [{"op": e.key, "self_ms": getattr(e, attribute) / 1e3 / steps, "share": getattr(e, attribute) / total} for e in top]
 
 
 def measure(case: Case, repeats: int = 7, profile: bool = False) -> Measurement:

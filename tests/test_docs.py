@@ -1,0 +1,27 @@
+"""The docs name what the code accepts, and cite papers the way a reader can find them."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+import tokenmix
+from tokenmix.mixers.registry import resolve_mixer_options
+from tokenmix.models import resolve_model_options
+
+ROOT = Path(__file__).resolve().parents[1]
+OPTIONS = (ROOT / "docs" / "options.md").read_text()
+
+
+@pytest.mark.parametrize("name", tokenmix.list_mixers() + tokenmix.list_models())
+def test_options_page_names_every_option(name):
+    resolved = resolve_mixer_options(name, {}) if name in tokenmix.list_mixers() else resolve_model_options(name, {}, depth=4)
+    missing = [option for option in resolved if f"`{option}`" not in OPTIONS]
+    assert f"`{name}`" in OPTIONS and not missing, f"docs/options.md lacks {name}: {missing}"
+
+
+def test_docs_cite_papers_by_name_not_by_internal_file():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "tokenmix").rglob("*.py"))]
+    internal = re.compile(r"paper 00[0-4]|references\.md|shared/papers|Foundation (demo|issue)|the issue", re.IGNORECASE)
+    offending = [f"{page.relative_to(ROOT)}: {line.strip()}" for page in pages for line in page.read_text().splitlines() if internal.search(line)]
+    assert not offending, "\n".join(offending[:20])
