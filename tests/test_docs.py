@@ -23,5 +23,7 @@ def test_options_page_names_every_option(name):
 def test_docs_cite_papers_by_name_not_by_internal_file():
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "tokenmix").rglob("*.py"))]
     internal = re.compile(r"paper 00[0-4]|references\.md|shared/papers|Foundation (demo|issue)|the issue", re.IGNORECASE)
-    offending = [f"{page.relative_to(ROOT)}: {line.strip()}" for page in pages for line in page.read_text().splitlines() if internal.search(line)]
+    offending = [
+        f"{page.relative_to(ROOT)}: {line.strip()}" for page in pages for line in page.read_text().splitlines() if internal.search(line)
+    ]
     assert not offending, "\n".join(offending[:20])

@@ -1,4 +1,4 @@
-"""SKI-TNO and FD-TNO mixers and the ski_tnn / fd_tnn models (paper 000)."""
+"""SKI-TNO and FD-TNO mixers and the ski_tnn / fd_tnn models (Moreno et al. 2023)."""
 
 import numpy
 import pytest

@@ -1,4 +1,4 @@
-"""Ops of paper 000: interpolation, banded product, SKI low rank, Hilbert transform, Theorem 1."""
+"""Ops of SKI-TNN / FD-TNN (Moreno et al. 2023): interpolation, banded product, SKI low rank, Hilbert transform, Theorem 1."""
 
 import math
 
@@ -34,7 +34,7 @@ def test_grid_weights_reproduce_polynomials_of_their_degree(degree):
 
 
 def test_linear_interpolation_matrix_is_the_hat_function():
-    """W_ij = max(0, 1 - |i / h - j|): two non-zeros per row, the correct neighbours (references.md)."""
+    """W_ij = max(0, 1 - |i / h - j|): two non-zeros per row, the correct neighbours (the authors' released code picks the wrong one)."""
     n, rank = 100, 8
     count, spacing = inducing_spacing(n, rank)
     grid = torch.arange(n, dtype=torch.float64)[:, None] / spacing - torch.arange(count, dtype=torch.float64)
@@ -110,7 +110,7 @@ def test_dense_and_sparse_agree_in_float32():
 
 
 def _theorem_1_terms(n: int, rank: int, width: float):
-    """Both sides of Theorem 1 (paper 000, §4.1) for k(t) = exp(-t^2 / (2 width^2)), linear interpolation."""
+    """Both sides of Theorem 1 (Moreno et al. 2023, §4.1) for k(t) = exp(-t^2 / (2 width^2)), linear interpolation."""
     kernel = lambda t: torch.exp(-(t**2) / (2 * width**2))  # noqa: E731
     count, spacing = inducing_spacing(n, rank)
     positions = torch.arange(n, dtype=torch.float64)

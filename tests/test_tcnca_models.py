@@ -1,4 +1,4 @@
-"""Mixers, blocks and models of paper 004 (TCN, EMA, attention; mega, tcnca, tcnca_simple, transformer)."""
+"""Mixers, blocks and models of TCNCA (Terzić et al. 2023) (TCN, EMA, attention; mega, tcnca, tcnca_simple, transformer)."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Ops of paper 004 and MEGA: dilated convolution, damped EMA, chunked attention, rotary positions."""
+"""Ops of TCNCA (Terzić et al. 2023) and MEGA: dilated convolution, damped EMA, chunked attention, rotary positions."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Gated linear units (TNN paper 002, §3.4, Fig. 2)."""
+"""Gated linear units (TNN, Qin et al. 2023, §3.4, Fig. 2)."""
 
 from __future__ import annotations
 

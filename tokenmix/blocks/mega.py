@@ -1,5 +1,5 @@
-"""MEGA block (Ma et al. 2023, §3; references.md "MEGA EMA and block") and TCNCA's version of it
-(paper 004, §2 and Appendix C, Fig. 3), which replaces the damped EMA by a dilated TCN.
+"""MEGA block (Ma et al. 2023, §3) and TCNCA's version of it (TCNCA, Terzić et al. 2023, §2 and
+Appendix C, Fig. 3), which replaces the damped EMA by a dilated TCN.
 
 Pre-norm, with h = LayerNorm(x):
     v = SiLU(W_v h)                                   (width v_expand * d)

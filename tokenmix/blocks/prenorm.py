@@ -1,7 +1,7 @@
 """Plain pre-norm blocks: x + M_1(norm(x)), ..., x + M_k(norm(x)), then x + FFN(norm(x)).
 
 - ``TransformerBlock``: one full-attention mixer (the Transformer baseline; rotary positions).
-- ``TcncaSimpleBlock``: TCN, then chunked attention (TCNCA-simple, paper 004, Appendix C, Fig. 4:
+- ``TcncaSimpleBlock``: TCN, then chunked attention (TCNCA-simple, Terzić et al. 2023, Appendix C, Fig. 4:
   TCN -> chunked attention -> MLP without MEGA's gates and highway; our reading of the figure is
   a plain pre-norm residual around each of the three).
 """

@@ -1,4 +1,4 @@
-"""TNN block (TNN paper 002, §3.4, Fig. 2): x + GTU(norm(x)), then x + GLU(norm(x)) (pre-norm)."""
+"""TNN block (TNN, Qin et al. 2023, §3.4, Fig. 2): x + GTU(norm(x)), then x + GLU(norm(x)) (pre-norm)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Transformer-XL blocks (Dai et al. 2019) and their FNetAR variant (paper 003, §II.4, §III).
+"""Transformer-XL blocks (Dai et al. 2019) and their FNetAR variant (FNetAR, Lou et al. 2021, §II.4, §III).
 
 A block sees the current segment x (batch, n, d) and a memory (batch, M, d): the block inputs of
 the previous segments, without gradient. Attention runs over [memory; segment] with relative
@@ -145,7 +145,7 @@ def fourier_layer_indices(depth: int, count: int, placement: str) -> set[int]:
 
 
 class FourierXlStack:
-    """Transformer-XL layers with ``fourier_layers`` (default half) of them FNetAR (paper 003, §III)."""
+    """Transformer-XL layers with ``fourier_layers`` (default half) of them FNetAR (Lou et al. 2021, §III)."""
 
     def __call__(
         self, dim: int, causal: bool, depth: int, fourier_layers: int | None = None, fourier_placement: str = "alternating", **options

@@ -1,4 +1,4 @@
-"""Associative recall (Ba et al. 2016; the H3/Hyena synthetic suite; TCNCA paper 004, §3, Appendix G).
+"""Associative recall (Ba et al. 2016; the H3/Hyena synthetic suite; TCNCA, Terzić et al. 2023, §3, Appendix G).
 
 Vocabulary of V tokens: 0 is a no-op (filler), 1 the query marker, the next (V - 2) // 2 are keys
 and the rest values. Every example draws a fresh key -> value map, writes (L - 2) // 2 random

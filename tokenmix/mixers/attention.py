@@ -1,4 +1,4 @@
-"""Softmax attention mixers, full and chunked (TCNCA paper 004, §2 and Appendix C; MEGA §3.3).
+"""Softmax attention mixers, full and chunked (TCNCA, Terzić et al. 2023, §2 and Appendix C; MEGA §3.3).
 
 ``attention``: multi-head attention over the whole sequence. ``chunked_attention``: the same
 within non-overlapping blocks of ``chunk_size`` tokens (O(n c)). Both take any length (the last

@@ -1,4 +1,4 @@
-"""MEGA's multi-dimensional damped EMA mixer (Ma et al. 2023, §3.1; references.md "MEGA EMA").
+"""MEGA's multi-dimensional damped EMA mixer (Ma et al. 2023, §3.1).
 
 Per channel d and expansion index j (``ndim`` = N): p = sigmoid(delta) is the input weight,
 q = 1 - p sigmoid(a) the decay, and the kernel is k_d[l] = sum_j gamma_dj N^-1/2 p_dj beta_dj q_dj^l

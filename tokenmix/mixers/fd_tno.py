@@ -1,4 +1,4 @@
-"""FD-TNO: a Toeplitz operator learned in the frequency domain (SKI-TNN paper 000, §3.3, Alg. 2).
+"""FD-TNO: a Toeplitz operator learned in the frequency domain (SKI-TNN, Moreno et al. 2023, §3.3, Alg. 2).
 
 The RPE MLP (TNN's structure: ``rpe_dim``, ``rpe_layers``, ``activation``) takes the frequency
 w_m = 2 pi m / N, m = 0 ... N/2, of the FFT size N >= 2n, so a longer sequence evaluates it on a

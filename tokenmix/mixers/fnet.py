@@ -1,4 +1,4 @@
-"""FNet and FNetAR token mixers (paper 003, §II.3-II.4; the math is in ``ops/fourier.py``)."""
+"""FNet and FNetAR token mixers (FNetAR, Lou et al. 2021, §II.3-II.4; the math is in ``ops/fourier.py``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Relative position encoder (TNN paper 002, §3.3, Fig. 2; references.md).
+"""Relative position encoder (TNN, Qin et al. 2023, §3.3, Fig. 2).
 
 RPE(k) = Linear(e, D)(act(norm(... act(norm(Linear(1, e)(k))) ...))) with L hidden Linear(e, e)
 layers, the raw integer lag k as input (paper Table 8), and a parameter-free RMS norm
@@ -44,11 +44,11 @@ class RelativePositionEncoder(nn.Module):
 
 
 class PiecewiseLinearEncoder(nn.Module):
-    """A learned piecewise-linear function [-1, 1] -> R^out with f(0) = 0 (paper 000, §3.2.2).
+    """A learned piecewise-linear function [-1, 1] -> R^out with f(0) = 0 (Moreno et al. 2023, §3.2.2).
 
     Values sit at 2 * knots + 1 uniformly spaced knots (the middle one, at 0, fixed to zero) and
     are linearly interpolated in between: f(x) = B(x) @ V with B the (P, 2 * knots + 1) hat basis.
-    Proposition 1 of paper 000: a ReLU MLP of a scalar is such a function anyway.
+    Proposition 1 of Moreno et al. 2023: a ReLU MLP of a scalar is such a function anyway.
     """
 
     no_weight_decay = ("negative", "positive")

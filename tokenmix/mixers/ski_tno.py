@@ -1,4 +1,4 @@
-"""SKI-TNO: sparse plus low-rank Toeplitz operator (SKI-TNN paper 000, §3.2, Algorithm 1).
+"""SKI-TNO: sparse plus low-rank Toeplitz operator (SKI-TNN, Moreno et al. 2023, §3.2, Algorithm 1).
 
 Per channel y = T_sparse x + W A W^T x:
 - T_sparse: a band of ``filter_size`` diagonals (made odd, centred on lag 0), a depthwise conv;
@@ -18,7 +18,7 @@ parameter by about lr per step, and each of these is a kernel value on its own (
 is a 64-wide dot product), so the gain is their step-size multiplier; the initial operator does not
 depend on it (docs/ski_fd.md has its measured effect on training).
 
-``causal=True`` has no low-rank shortcut (paper 000, Appendix B): the kernel
+``causal=True`` has no low-rank shortcut (Moreno et al. 2023, Appendix B): the kernel
 t_k = RPE(x(k)) + f_k at every lag k = 0 ... n - 1 (f the band's taps at lags 0 ... m - 1) is
 applied as a causal Toeplitz product by FFT, O(n log n). It is linear in the knot values and taps,
 so its spectrum is a fixed basis spectrum (cached per length) times the parameters: one matmul.

@@ -1,4 +1,4 @@
-"""Temporal convolutional network, TCN (TCNCA paper 004, §2, Fig. 1b-c, Appendix E).
+"""Temporal convolutional network, TCN (TCNCA, Terzić et al. 2023, §2, Fig. 1b-c, Appendix E).
 
 D residual blocks; block i holds B depthwise convolutions of K taps with dilation f^i, each
 followed by the activation, and adds its input back: x <- x + act(conv_B(... act(conv_1(x)))).

@@ -1,4 +1,4 @@
-"""Toeplitz neural operator, TNO (TNN paper 002, §3.2-3.4; references.md "TNN").
+"""Toeplitz neural operator, TNO (TNN, Qin et al. 2023, §3.2-3.4).
 
 Per channel y = T x with T_ij = t_{i-j} and t_k = lambda^|k| RPE(k): the RPE MLP of the raw lag
 and an exponential decay bias (lambda = 0.99 fixed by default; 1.0 turns it off; Table 10).
@@ -8,8 +8,8 @@ The kernel spectrum is factored through the RPE's output layer (W, b):
 rfft(lambda^|k| (H_k W + b)) = rfft([lambda^|k| H_k, lambda^|k|]) @ [W; b], so only rpe_dim + 1
 columns are transformed and the gradient of W is a matmul, not a d-channel FFT.
 ``factored=False`` runs the paper's own algorithm instead (the RPE at every lag for all d channels,
-then a d-channel kernel FFT): the same operator, kept as the baseline that paper 000's speed claims
-for FD-TNO are made against.
+then a d-channel kernel FFT): the same operator, kept as the baseline that FD-TNO's speed claims
+(Moreno et al. 2023) are made against.
 In eval mode without autograd the spectrum is cached until the weights or the length change.
 """
 

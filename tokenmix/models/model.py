@@ -1,4 +1,4 @@
-"""Sequence models: embedding -> blocks -> final norm -> task head (TNN paper 002, §3.4).
+"""Sequence models: embedding -> blocks -> final norm -> task head (TNN, Qin et al. 2023, §3.4).
 
 - task "lm": causal blocks, tied output embedding, logits (batch, length, vocab).
 - task "mlm": bidirectional blocks, tied output embedding, logits (batch, length, vocab).

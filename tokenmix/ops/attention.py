@@ -1,4 +1,4 @@
-"""Softmax attention, full or within non-overlapping chunks (MEGA §3.3; TCNCA paper 004, §2, Fig. 1d).
+"""Softmax attention, full or within non-overlapping chunks (MEGA §3.3; TCNCA, Terzić et al. 2023, §2, Fig. 1d).
 
 Chunked attention splits the length into blocks of c tokens and lets each query see only the keys
 of its own block (and only earlier ones when causal): O(n c) instead of O(n^2). Any length works:

@@ -1,5 +1,5 @@
-"""Banded Toeplitz product: a depthwise 1-D convolution, optionally dilated (SKI-TNN paper 000,
-§3.2, the sparse part; TCNCA paper 004, §2, the TCN's layers).
+"""Banded Toeplitz product: a depthwise 1-D convolution, optionally dilated (SKI-TNN, Moreno et al. 2023,
+§3.2, the sparse part; TCNCA, Terzić et al. 2023, §2, the TCN's layers).
 
 Per channel y_i = sum_{k=0}^{m-1} f_k x_{i - (l0 + k) delta} with x zero outside [0, n): a Toeplitz
 matrix with m non-zero diagonals at lags (l0 + k) delta (centred: l0 = -(m - 1)/2; causal: l0 = 0;

@@ -1,4 +1,4 @@
-"""Dilated depthwise convolution, the layer of a temporal convolutional network (TCNCA paper 004, §2).
+"""Dilated depthwise convolution, the layer of a temporal convolutional network (TCNCA, Terzić et al. 2023, §2).
 
 Per channel y_i = sum_{k=0}^{K-1} f_k x_{i - (min_lag + k) * delta}, x zero outside [0, n):
 K taps at lags min_lag, ..., min_lag + K - 1 in units of the dilation delta (causal: min_lag = 0;

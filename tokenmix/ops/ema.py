@@ -1,4 +1,4 @@
-"""Multi-dimensional damped EMA (MEGA, Ma et al. 2023, §3.1; the baseline of TCNCA paper 004).
+"""Multi-dimensional damped EMA (MEGA, Ma et al. 2023, §3.1; the baseline of TCNCA, Terzić et al. 2023).
 
 Per channel d with N expansion dimensions j, input weights b_dj, decays q_dj in (0, 1) and
 readout weights c_dj, the recurrence

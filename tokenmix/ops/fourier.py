@@ -1,4 +1,4 @@
-"""Fourier token mixing: FNet and FNetAR (paper 003, §II.3-II.4).
+"""Fourier token mixing: FNet and FNetAR (FNetAR, Lou et al. 2021, §II.3-II.4).
 
 FNet: y = Re(FFT_seq(FFT_hidden(x))), or Re(FFT_seq(x)) for the sequence-only variant.
 

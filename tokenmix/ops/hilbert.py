@@ -1,10 +1,10 @@
-"""Causal frequency responses by the discrete Hilbert transform (SKI-TNN paper 000, §3.3.1, Alg. 2).
+"""Causal frequency responses by the discrete Hilbert transform (SKI-TNN, Moreno et al. 2023, §3.3.1, Alg. 2).
 
 Given a real, even response R at the rfft frequencies w_m = 2 pi m / N (m = 0 ... N/2), the
 causal kernel with Re(G) = R is built in the time domain: e = irfft(R, N) is real and even; g keeps
 e[0], doubles e[1 ... N/2 - 1], keeps e[N/2] once and zeroes lags N/2 + 1 ... N - 1. Then
 G = rfft(g) = R - i H{R}: its real part is R exactly (the N/2 sample is kept once, where the
-authors' code doubles it; references.md) and its impulse response g vanishes at negative lags.
+authors' released code doubles it) and its impulse response g vanishes at negative lags.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Polynomial interpolation on a uniform grid (SKI-TNN paper 000, §3.2.1 and §3.2.2).
+"""Polynomial interpolation on a uniform grid (SKI-TNN, Moreno et al. 2023, §3.2.1 and §3.2.2).
 
 A query at grid coordinate u (grid points at 0, 1, ..., G - 1) is a weighted sum of s = degree + 1
 neighbouring grid values: linear (s = 2) uses the two points around u, cubic (s = 4) the Lagrange

@@ -57,12 +57,15 @@ def channels_first(x: torch.Tensor, length: int) -> torch.Tensor:
     out[..., n:].zero_()
     blocks = [(b, start) for b in range(batch) for start in range(0, n, TOKEN_BLOCK)]
     workers = max(1, min(torch.get_num_threads(), len(blocks)))
+    # One block buffer per worker, allocated here: memory a helper thread allocates comes from its
+    # own malloc arena, which keeps it after use (+37 MB peak per TNO step at 4096 tokens, measured).
+    buffers = [x.new_empty(d * TOKEN_BLOCK) for _ in range(workers)]
 
     def transpose_blocks(worker: int) -> None:
         with torch.no_grad():  # grad mode is per thread: these threads start with it on
             for b, start in blocks[worker::workers]:
                 stop = min(start + TOKEN_BLOCK, n)
-                block = x.new_empty(d, stop - start)
+                block = buffers[worker][: d * (stop - start)].view(d, stop - start)
                 block.copy_(x[b, start:stop].t())  # a whole transposed matrix: PyTorch's blocked transpose
                 out[b, :, start:stop].copy_(block)
 

@@ -1,4 +1,4 @@
-"""Structured kernel interpolation of a Toeplitz matrix (SKI-TNN paper 000, §3.2, Algorithm 1).
+"""Structured kernel interpolation of a Toeplitz matrix (SKI-TNN, Moreno et al. 2023, §3.2, Algorithm 1).
 
 T_low = W A W^T per channel: r inducing points p_j = j h evenly spaced on [0, n - 1]
 (h = (n - 1)/(r - 1); r = min(rank, n), so short sequences get W = I and the exact Toeplitz
@@ -27,7 +27,7 @@ from .toeplitz import toeplitz_matvec
 
 
 def inverse_time_warp(lags: torch.Tensor, decay: float) -> torch.Tensor:
-    """x(t) = sign(t) * decay^|t| (paper 000, §3.2.2): every lag lands in [-1, 1], far lags near 0."""
+    """x(t) = sign(t) * decay^|t| (Moreno et al. 2023, §3.2.2): every lag lands in [-1, 1], far lags near 0."""
     return torch.sign(lags) * decay ** lags.abs()
 
 

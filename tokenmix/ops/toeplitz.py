@@ -1,4 +1,4 @@
-"""Toeplitz matrix-vector products (TNN paper 002, §3.2 and Appendix B).
+"""Toeplitz matrix-vector products (TNN, Qin et al. 2023, §3.2 and Appendix B).
 
 A Toeplitz matrix T_ij = t_{i-j} of size n x n acts on a sequence by a linear convolution.
 Embedding it in a circulant matrix of size N >= 2n gives y = irfft(rfft(x, N) * rfft(k, N))[:n]
