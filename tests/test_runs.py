@@ -176,3 +176,24 @@ def test_the_cli_reports_divergence_in_one_line(text_file, tmp_path, capsys):
     assert "became" in error and "last good checkpoint" in error and "Traceback" not in error
     state = load_checkpoint(tmp_path / "r")
     assert all(torch.isfinite(t).all() for t in state["model"].values() if t.is_floating_point())
+
+
+def test_overwrite_touches_nothing_until_every_setting_is_checked(text_file, tmp_path):
+    Trainer(tiny(text_file, tmp_path / "r", steps=2), progress=False).run()
+    before = sorted(p.name for p in (tmp_path / "r").iterdir())
+    with pytest.raises(ValueError, match="unknown option 'no_such_option'"):
+        Trainer(tiny(text_file, tmp_path / "r", options={"no_such_option": 1}), progress=False, overwrite=True)
+    with pytest.raises(ValueError, match="segment-recurrent"):
+        Trainer(tiny("assoc-recall", tmp_path / "r", model="transformer_xl", options={}), progress=False, overwrite=True)
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == before and load_checkpoint(tmp_path / "r")["step"] == 2
+
+
+def test_a_resume_rebuilds_the_saved_model_after_a_default_changed(text_file, tmp_path, monkeypatch):
+    from tokenmix.mixers.tno import Tno
+
+    Trainer(tiny(text_file, tmp_path / "r", steps=2), progress=False).run()
+    monkeypatch.setattr(Tno.__init__, "__kwdefaults__", {**Tno.__init__.__kwdefaults__, "decay": 0.5})
+    resumed = Trainer(tiny(text_file, tmp_path / "r", steps=3), resume=True, progress=False)
+    assert resumed.model.config.options["decay"] == 0.99
+    resumed.run()
+    assert load_checkpoint(tmp_path / "r")["step"] == 3

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -170,6 +171,7 @@ class StopSignals:
         self.received = signal.Signals(number).name
         for restored, handler in self.previous.items():
             signal.signal(restored, handler)
+        print(f"\n{self.received}: saving a checkpoint after this step (again to quit at once)", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc):
         for number, handler in self.previous.items():
@@ -190,26 +192,29 @@ class Trainer:
         self.progress = progress
         if config.threads:
             torch.set_num_threads(config.threads)
-        set_finite_checks(config.check_finite)
+        if config.check_finite:
+            set_finite_checks(True)
         self.device = resolve_device(config.device)
         self.data: DataSource = load_data(config.data, config.seq_len, config.seed)  # fails before any training on a bad path
         self.recall = isinstance(self.data, AssociativeRecall)
         if self.recall and config.task != "lm":
             raise ValueError(f"data {config.data!r} is a next-token task: use --task lm")
         checkpoint = self._read_checkpoint() if resume else None
+        # A resumed model is rebuilt from the checkpoint's resolved config, so defaults that changed since do not touch it.
+        model_config = ModelConfig.from_dict(checkpoint["model_config"]) if resume else config.model_config(self.data.vocab_size)
         self.context: DistributedContext = init_distributed(self.device)
+        torch.manual_seed(config.seed)
+        self.model = SequenceModel(model_config).to(self.device)
+        if self.recall and self.model.recurrent:
+            raise ValueError(f"data {config.data!r} needs a model that reads whole examples, not the segment-recurrent {config.model!r}")
         self.removed_stale: list[Path] = []
-        if self.context.is_main:
+        if self.context.is_main:  # only now, with every setting checked, is the directory touched
             if resume:
                 self.removed_stale = clean_stale(self.out)
                 truncate_metrics(self.out / METRICS_FILE, checkpoint["step"])
             else:
                 self.removed_stale = claim_directory(self.out, overwrite)
         self.context.barrier()
-        torch.manual_seed(config.seed)
-        self.model = SequenceModel(config.model_config(self.data.vocab_size)).to(self.device)
-        if self.recall and self.model.recurrent:
-            raise ValueError(f"data {config.data!r} needs a model that reads whole examples, not the segment-recurrent {config.model!r}")
         self.trained = self.model
         if self.context.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
@@ -255,9 +260,6 @@ class Trainer:
             raise ValueError(f"--resume: no checkpoint at {str(path)!r}")
         state = load_checkpoint(path)
         changes = resume_changes(state["train_config"], asdict(self.config), state["step"])
-        saved_model = ModelConfig.from_dict(state["model_config"])
-        if saved_model != self.config.model_config(self.data.vocab_size):
-            raise ValueError(f"--resume: the checkpoint in {str(self.out)!r} was trained with another model config")
         finished = state["total_steps"] is not None and state["step"] >= state["total_steps"]
         if finished and not {"steps", "minutes"} & set(changes):
             raise ValueError(
@@ -414,7 +416,7 @@ class Trainer:
                     self.log({"step": self.step, "split": "val", **metrics})
                     bar.write(f"step {self.step}: val {describe(metrics)}")
                 due = self.step % self.save_steps == 0 if self.save_steps else time.perf_counter() - last_save >= self.save_seconds
-                stop, due = self._agree(signals.received is not None, due)
+                stop, due = self._agree(signals.received is not None, due or self.step == self.total_steps)
                 if due or stop:
                     self.save()
                     last_save = time.perf_counter()
@@ -425,15 +427,15 @@ class Trainer:
                         f"stopped by {signals.received or 'a signal'} at step {self.step}; checkpoint saved to "
                         f"{str(self.out / CHECKPOINT_FILE)!r}. Continue with: tokenmix train --resume --out {self.out}"
                     )
-        bar.close()
-        final = self.evaluate("val")
-        if step_seconds:
-            seconds = sum(step_seconds) / len(step_seconds)
-            final.update(seconds_per_step=seconds, train_tokens_per_s=tokens_per_step / seconds)
-        self.log({"step": self.step, "split": "val", "final": True, **final})
-        self.save()
-        if self.context.is_main:
-            save_pretrained(self.model, self.out / MODEL_DIRECTORY)
+            bar.close()
+            # Training is done and saved; a signal from here on lets the final evaluation and the model files finish.
+            final = self.evaluate("val")
+            if step_seconds:
+                seconds = sum(step_seconds) / len(step_seconds)
+                final.update(seconds_per_step=seconds, train_tokens_per_s=tokens_per_step / seconds)
+            self.log({"step": self.step, "split": "val", "final": True, **final})
+            if self.context.is_main:
+                save_pretrained(self.model, self.out / MODEL_DIRECTORY)
         self.context.barrier()
         return final
 
