@@ -266,3 +266,49 @@ def test_weight_decay_reaches_linear_weights_only(name):
     linear_weights = {id(module.weight) for module in net.modules() if isinstance(module, torch.nn.Linear)}
     assert {id(p) for p in decayed} == linear_weights - {id(net.embedding.weight)}
     assert len(decayed) + len(plain) == len(list(net.parameters()))
+
+
+@pytest.mark.parametrize(("name", "causal"), MODES)
+def test_mixer_trains_with_input_and_module_dtypes_that_differ(name, causal):
+    """A float32 module takes float64 input through backward; a module made float64 after a float32 step trains in float64."""
+    layer = mixer(name, causal)
+    x = torch.randn(2, 30, DIM, dtype=torch.float64, requires_grad=True)
+    layer(x).square().sum().backward()
+    assert x.grad.dtype == torch.float64 and all(p.grad.dtype == torch.float32 for p in layer.parameters())
+    layer.zero_grad(set_to_none=True)
+    layer.double()  # after a float32 step: nothing cached may keep float32
+    x = torch.randn(2, 30, DIM, dtype=torch.float64, requires_grad=True)
+    layer(x).square().sum().backward()
+    assert all(p.grad.dtype == torch.float64 and torch.isfinite(p.grad).all() for p in layer.parameters())
+
+
+@pytest.fixture
+def blocked_layout(monkeypatch):
+    """Send every FFT input through the threaded blocked transposes (normally for large tensors only)."""
+    from tokenmix.ops import layout
+
+    monkeypatch.setattr(layout, "MIN_BLOCKED_ELEMENTS", 0)
+    monkeypatch.setattr(layout, "TOKEN_BLOCK", 16)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize(("name", "causal"), MODES)
+def test_blocked_transposes_change_nothing_in_any_mode(name, causal, blocked_layout):
+    layer = mixer(name, causal).double()
+    x = torch.randn(3, 50, DIM, dtype=torch.float64, requires_grad=True)
+    y = layer(x)
+    grads = torch.autograd.grad(y.square().sum(), [x, *layer.parameters()])
+    from tokenmix.ops import layout
+
+    layout.MIN_BLOCKED_ELEMENTS = 1 << 62  # the plain copy, as reference
+    y_plain = layer(x)
+    grads_plain = torch.autograd.grad(y_plain.square().sum(), [x, *layer.parameters()])
+    torch.testing.assert_close(y, y_plain, rtol=0, atol=0)
+    for a, b in zip(grads, grads_plain, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    layout.MIN_BLOCKED_ELEMENTS = 0
+    with torch.inference_mode():
+        torch.testing.assert_close(layer.eval()(x.detach()), y_plain.detach(), rtol=1e-12, atol=1e-12)

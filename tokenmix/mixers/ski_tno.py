@@ -60,18 +60,18 @@ SPARSE_FROM_LENGTH = {"linear": 1, "cubic": None}
 
 
 class _LengthCache:
-    """Parameter-free tensors per (length, device): interpolation weights, basis spectra."""
+    """Parameter-free tensors per (length, device, dtype): interpolation weights, basis spectra."""
 
     def __init__(self, build):
         self.build = build
         self.entries: dict = {}
 
-    def __call__(self, n: int, device):
-        key = (n, str(device))
+    def __call__(self, n: int, device, dtype: torch.dtype):
+        key = (n, str(device), dtype)
         if key not in self.entries:
             if len(self.entries) >= 8:
                 self.entries.clear()
-            self.entries[key] = self.build(n, device)
+            self.entries[key] = self.build(n, device, dtype)
         return self.entries[key]
 
 
@@ -127,11 +127,12 @@ class SkiTno(Mixer):
             f"interpolation={self.interpolation}, path={self.path}, max_spacing={self.max_spacing}"
         )
 
-    def _sparse_weights(self, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        return ski_weights(n, self.inducing_count(n), self.degree, device)
+    def _sparse_weights(self, n: int, device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        index, weight = ski_weights(n, self.inducing_count(n), self.degree, device)
+        return index, weight.to(dtype)
 
-    def _dense_weights(self, n: int, device) -> torch.Tensor:
-        return dense_interpolation(n, self.inducing_count(n), self.degree, device)
+    def _dense_weights(self, n: int, device, dtype: torch.dtype) -> torch.Tensor:
+        return dense_interpolation(n, self.inducing_count(n), self.degree, device).to(dtype)
 
     def inducing_count(self, n: int) -> int:
         """Inducing points asked for at length n: ``rank``, or more when ``max_spacing`` needs them."""
@@ -164,8 +165,8 @@ class SkiTno(Mixer):
         one_hot = torch.eye(n, self.filter_size, device=device)
         return torch.cat([hats, one_hot], dim=1)
 
-    def _causal_basis_spectrum(self, n: int, device) -> torch.Tensor:
-        return toeplitz_spectrum(self._causal_basis(n, device), n, causal=True, fft_size=fast_fft_size(2 * n))
+    def _causal_basis_spectrum(self, n: int, device, dtype: torch.dtype) -> torch.Tensor:
+        return toeplitz_spectrum(self._causal_basis(n, device).to(dtype), n, causal=True, fft_size=fast_fft_size(2 * n))
 
     def _causal_values(self) -> torch.Tensor:
         return torch.cat([self.rpe.values(), self.taps.t()], dim=0)
@@ -185,7 +186,7 @@ class SkiTno(Mixer):
         """W A W^T (bidirectional) or the causal smooth Toeplitz part, (dim, n, n)."""
         if self.causal:
             return naive_toeplitz_matrix(self.smooth_kernel(relative_lags(n, True, self.band.device)), n, causal=True)
-        return naive_ski_matrix(self._dense(n, self.band.device), toeplitz_blocks(self.inducing_kernel(n)))
+        return naive_ski_matrix(self._dense(n, self.band.device, self.band.dtype), toeplitz_blocks(self.inducing_kernel(n)))
 
     def matrix(self, n: int) -> torch.Tensor:
         return self.sparse_matrix(n) + self.low_rank_matrix(n)
@@ -199,13 +200,13 @@ class SkiTno(Mixer):
     def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         n = x.shape[1]
         if self.causal:
-            basis_spectrum = self._basis_spectra(n, x.device)
+            basis_spectrum = self._basis_spectra(n, x.device, self.band.dtype)
             return self._cache.factored_matvec(self, x, n, fast_fft_size(2 * n), lambda: (basis_spectrum, self._causal_values()))
         kernel = self.inducing_kernel(n)
         if self.uses_sparse_path(n) and self.degree == 1:
             low_rank = ski_linear_matvec(x, kernel)
         elif self.uses_sparse_path(n):
-            low_rank = ski_sparse_matvec(x, *self._weights(n, x.device), kernel)
+            low_rank = ski_sparse_matvec(x, *self._weights(n, x.device, self.band.dtype), kernel)
         else:
-            low_rank = ski_dense_matvec(x, self._dense(n, x.device), kernel)
+            low_rank = ski_dense_matvec(x, self._dense(n, x.device, self.band.dtype), kernel)
         return low_rank + band_matvec(x, self.taps, self.min_lag)

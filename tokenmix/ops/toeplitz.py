@@ -109,9 +109,9 @@ class _SpectralConvolution(torch.autograd.Function):
         x_freq, spectrum = ctx.saved_tensors
         grad_x, products = _convolve_backward(ctx, grad_y, x_freq, spectrum, *ctx.needs_input_grad[:2])
         grad_spectrum = None
-        if products is not None:
-            weights = hermitian_weights(ctx.fft_size, grad_y.dtype, grad_y.device).div_(ctx.fft_size)
-            grad_spectrum = torch.conj_physical_(products).mul_(weights)
+        if products is not None:  # in the spectrum's dtype even when x came in another
+            weights = hermitian_weights(ctx.fft_size, products.real.dtype, grad_y.device).div_(ctx.fft_size)
+            grad_spectrum = torch.conj_physical_(products).mul_(weights).to(spectrum.dtype)
         return grad_x, grad_spectrum, None
 
 
@@ -145,14 +145,15 @@ class _FactoredSpectralConvolution(torch.autograd.Function):
         want_x, want_basis, want_readout = ctx.needs_input_grad[:3]
         grad_x, products = _convolve_backward(ctx, grad_y, x_freq, spectrum, want_x, want_basis or want_readout)
         grad_basis = grad_readout = None
-        if products is not None:
-            weights = hermitian_weights(ctx.fft_size, basis.real.dtype, basis.device).div_(ctx.fft_size)
-            signed = torch.stack([weights, -weights], dim=-1).flatten()
+        if products is not None:  # computed in the products' dtype (x's), returned in the parameters'
             products = _real_view(products)
+            weights = hermitian_weights(ctx.fft_size, products.dtype, basis.device).div_(ctx.fft_size)
+            signed = torch.stack([weights, -weights], dim=-1).flatten()
             if want_readout:
-                grad_readout = ((_real_view(basis) * signed) @ products.t()).to(readout.dtype)
+                grad_readout = ((_real_view(basis).to(products.dtype) * signed) @ products.t()).to(readout.dtype)
             if want_basis:
-                grad_basis = torch.view_as_complex((readout.to(products.dtype) @ products).mul_(signed).unflatten(-1, (-1, 2)))
+                grad_basis = (readout.to(products.dtype) @ products).mul_(signed).unflatten(-1, (-1, 2))
+                grad_basis = torch.view_as_complex(grad_basis).to(basis.dtype)
         return grad_x, grad_basis, grad_readout, None
 
 
