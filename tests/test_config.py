@@ -77,6 +77,10 @@ def test_saved_files_get_the_default_mode(tmp_path):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~mask, name
 
 
-def test_depth_is_not_a_block_option():
-    with pytest.raises(ValueError, match="tcn_depth"):
-        ModelConfig("tcnca", options={"depth": 3})
+def test_the_tcn_depth_option_is_recorded_once():
+    """A model's depth counts its layers; the TCN's own depth is its tcn_depth (MEGA-style blocks) or depth (in a GTU)."""
+    assert ModelConfig("tcnca", options={"depth": 3}).options["tcn_depth"] == 3
+    config = ModelConfig("tnn", depth=2, options={"mixer": "tcn", "depth": 3})
+    assert config.depth == 2 and config.options["depth"] == 3
+    with pytest.raises(ValueError, match="unknown option 'depth' for model 'tnn'"):
+        ModelConfig("tnn", options={"depth": 3})

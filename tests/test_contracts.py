@@ -312,3 +312,13 @@ def test_blocked_transposes_change_nothing_in_any_mode(name, causal, blocked_lay
     layout.MIN_BLOCKED_ELEMENTS = 0
     with torch.inference_mode():
         torch.testing.assert_close(layer.eval()(x.detach()), y_plain.detach(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(("name", "causal"), MODES)
+def test_every_mixer_works_inside_the_tnn_block(name, causal, tmp_path):
+    """The GTU builds any registered mixer by name (``-o mixer=NAME``); the options stay apart and reload."""
+    task = "lm" if causal else "mlm"
+    net = tokenmix.build_model("tnn", task=task, vocab_size=20, dim=8, depth=2, mixer=name, options=SMALL.get(name, {})).eval()
+    tokens = torch.randint(0, 20, (2, 17))
+    net.save_pretrained(tmp_path)
+    torch.testing.assert_close(tokenmix.from_pretrained(tmp_path).eval()(tokens), net(tokens), rtol=0, atol=0)

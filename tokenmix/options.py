@@ -19,13 +19,25 @@ def take_options(function: Callable, options: dict, skip: Iterable[str] = POSITI
     and the options it does not take (to be forwarded, or refused)."""
     own, rest = {}, dict(options)
     for name, parameter in inspect.signature(function).parameters.items():
-        if name in skip or parameter.kind in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL):
+        if name in skip or parameter.kind in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL, parameter.POSITIONAL_ONLY):
             continue
         if name in rest:
             own[name] = rest.pop(name)
         elif parameter.default is not parameter.empty:
             own[name] = parameter.default
     return own, rest
+
+
+def merge_options(own: dict, part: dict, owner: str, shared: Iterable[str] = ()) -> dict:
+    """A block's own options and those of a part it builds, in one flat namespace.
+
+    A name both take could not be set apart, so it is refused (a design error, caught by the
+    contract tests) unless listed in ``shared``: then the block passes its value on to the part.
+    """
+    clash = (set(own) & set(part)) - set(shared)
+    if clash:
+        raise ValueError(f"{owner} and the part it builds both take the options {sorted(clash)}: rename one of them")
+    return {**part, **own}
 
 
 def refuse_unknown(unknown: dict, accepted: Iterable[str], owner: str) -> None:

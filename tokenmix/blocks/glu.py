@@ -8,7 +8,7 @@ from torch import nn
 from ..mixers.base import zero_padding
 from ..mixers.registry import build_mixer, mixer_class
 from ..ops.activations import get_activation
-from ..options import Configurable, take_options
+from ..options import Configurable, merge_options, take_options
 from ..validation import check_int
 
 
@@ -59,7 +59,7 @@ class Gtu(Configurable, nn.Module):
         """The GTU's options and its mixer's (chosen by ``mixer``), defaults filled in."""
         own, rest = take_options(cls.__init__, options)
         mixer_options, unknown = mixer_class(own["mixer"]).resolve_options(rest)
-        return {**mixer_options, **own}, unknown
+        return merge_options(own, mixer_options, f"the GTU with mixer {own['mixer']!r}"), unknown
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         u = self.act(self.gate(x))

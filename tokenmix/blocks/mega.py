@@ -21,7 +21,7 @@ from torch import nn
 from ..mixers.attention import RelativePosition
 from ..mixers.registry import build_mixer, mixer_class
 from ..ops.attention import chunked_attention
-from ..options import Configurable, take_options
+from ..options import Configurable, merge_options, take_options
 from ..validation import check_int
 from .ffn import Ffn
 
@@ -42,7 +42,7 @@ def resolve_with_sequence_mixer(own: dict, rest: dict, sequence_mixer: str) -> t
     mixer_options, unknown = mixer_class(sequence_mixer).resolve_options(sequence_options(sequence_mixer, own["tcn_depth"], rest))
     if sequence_mixer == "tcn":
         own = {**own, "tcn_depth": mixer_options.pop("depth")}
-    return {**mixer_options, **own}, unknown
+    return merge_options(own, mixer_options, f"the block with sequence mixer {sequence_mixer!r}"), unknown
 
 
 class MegaBlock(Configurable, nn.Module):

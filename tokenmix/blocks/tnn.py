@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..options import Configurable, take_options
+from ..options import Configurable, merge_options, take_options
 from .glu import Glu, Gtu
 
 
@@ -31,7 +31,7 @@ class TnnBlock(Configurable, nn.Module):
         """The block's options and its GTU's (which shares ``dropout``), defaults filled in."""
         own, rest = take_options(cls.__init__, options)
         gtu_options, unknown = Gtu.resolve_options({**rest, "dropout": own["dropout"]})
-        return {**gtu_options, **own}, unknown
+        return merge_options(own, gtu_options, "the TNN block", shared=("dropout",)), unknown
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         x = x + self.dropout(self.token_mixing(self.token_norm(x), mask))

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..mixers.fnet import FnetAr
-from ..options import Configurable, take_options
+from ..options import Configurable, merge_options, take_options
 from ..validation import check_int
 from .ffn import Ffn
 
@@ -148,7 +148,7 @@ class FourierXlStack:
     """Transformer-XL layers with ``fourier_layers`` (default half) of them FNetAR (Lou et al. 2021, §III)."""
 
     def __call__(
-        self, dim: int, causal: bool, depth: int, fourier_layers: int | None = None, fourier_placement: str = "alternating", **options
+        self, dim: int, causal: bool, depth: int, /, fourier_layers: int | None = None, fourier_placement: str = "alternating", **options
     ) -> list[nn.Module]:
         count = depth // 2 if fourier_layers is None else fourier_layers
         chosen = fourier_layer_indices(depth, count, fourier_placement)
@@ -158,10 +158,10 @@ class FourierXlStack:
         """The stack's options (``fourier_layers`` resolved to a count) and the XL block's, without ``mixer``."""
         if "mixer" in options:
             raise ValueError("fnet_ar_xl picks each layer's mixer by fourier_layers and fourier_placement; 'mixer' is not an option")
-        own, rest = take_options(self.__call__, options, skip=("dim", "causal", "depth"))
+        own, rest = take_options(self.__call__, options)
         if own["fourier_layers"] is None:
             own["fourier_layers"] = depth // 2
         fourier_layer_indices(depth, own["fourier_layers"], own["fourier_placement"])  # validates both
         block, unknown = XlBlock.resolve_options(rest)
         block.pop("mixer")
-        return {**block, **own}, unknown
+        return merge_options(own, block, "fnet_ar_xl's stack"), unknown

@@ -118,8 +118,13 @@ def build_model(
     dim: int = 256,
     depth: int = 4,
     num_classes: int | None = None,
-    **options,
+    options: dict | None = None,
+    **more_options,
 ) -> SequenceModel:
-    """Build a model by name (see ``list_models()``); ``options`` reach the blocks and mixers."""
-    config = ModelConfig(name, task, vocab_size, dim, depth, num_classes, options)
+    """Build a model by name (see ``list_models()``); options reach the blocks and mixers.
+
+    Options are keyword arguments, or the ``options`` dict for names this function takes itself
+    (a TCN inside the TNN block: ``build_model("tnn", mixer="tcn", options={"depth": 2}, ...)``).
+    """
+    config = ModelConfig(name, task, vocab_size, dim, depth, num_classes, {**(options or {}), **more_options})
     return SequenceModel(config)

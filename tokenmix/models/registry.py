@@ -18,7 +18,8 @@ class Repeated:
     def __init__(self, block: type[nn.Module]):
         self.block = block
 
-    def __call__(self, dim: int, causal: bool, depth: int, **options) -> list[nn.Module]:
+    def __call__(self, dim: int, causal: bool, depth: int, /, **options) -> list[nn.Module]:
+        """``depth`` blocks; positional-only, so a mixer option named ``depth`` (the TCN's) passes through."""
         return [self.block(dim, causal, **options) for _ in range(depth)]
 
     def resolve_options(self, options: dict, depth: int) -> tuple[dict, dict]:
@@ -60,8 +61,6 @@ def model_spec(name: str) -> ModelSpec:
 
 def resolve_model_options(name: str, options: dict, depth: int) -> dict:
     """Every option of every block and mixer of model ``name``, defaults filled in; ValueError on unknown names."""
-    if "depth" in options:
-        raise ValueError("depth is the model's layer count (build_model(depth=...), --depth); the TCN's blocks are set by tcn_depth")
     spec = model_spec(name)
     resolved, unknown = spec.layers.resolve_options({**spec.defaults, **options}, depth)
     refuse_unknown(unknown, resolved, f"model {name!r}")
