@@ -106,6 +106,15 @@ def test_bad_options_are_refused_before_anything_is_measured(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_output_paths_are_checked_before_anything_is_measured(tmp_path, capsys):
+    (tmp_path / "afile").write_text("")
+    for flags, message in ((["--output", str(tmp_path)], "--output"), (["--plot", str(tmp_path / "afile")], "--plot")):
+        with pytest.raises(SystemExit):
+            main(["bench", "--mixers", "tno", "--kinds", "mixer", "--lengths", "8", *SIZES, *flags])
+        assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_a_failed_case_is_reported_and_the_others_kept(tmp_path, capsys, monkeypatch):
     original = bench_cli.run_in_subprocess
 
@@ -201,6 +210,11 @@ def test_compare_matches_records_and_reports_speedups(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "forward_speedup" in out and "1.5" in out  # 30 ms -> 20 ms
     assert out.count("\n") == 3  # header, rule, the one matching row
+    (tmp_path / "quick.json").write_text(json.dumps([{**after[0], "dim": 384}]))
+    (tmp_path / "full.json").write_text(json.dumps([{**before[0], "dim": 1536}]))
+    with pytest.raises(SystemExit):
+        main(["compare", str(tmp_path / "full.json"), str(tmp_path / "quick.json")])
+    assert "share no comparable case" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["compare", str(tmp_path / "a.json"), str(tmp_path / "missing.json")])
     assert "not a readable bench JSON" in capsys.readouterr().err

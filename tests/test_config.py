@@ -69,6 +69,15 @@ def test_from_pretrained_honours_device_and_dtype(tmp_path):
         tokenmix.from_pretrained(tmp_path, dtype="half")
 
 
+def test_a_model_reloads_in_the_precision_it_was_saved_in(tmp_path):
+    model = tokenmix.build_model("tnn", vocab_size=10, dim=8, depth=1).to(torch.bfloat16)
+    model.save_pretrained(tmp_path)
+    loaded = tokenmix.from_pretrained(tmp_path)
+    assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, loaded.state_dict()[name]), name
+
+
 def test_saved_files_get_the_default_mode(tmp_path):
     tokenmix.build_model("tnn", vocab_size=10, dim=8, depth=1).save_pretrained(tmp_path)
     mask = os.umask(0)

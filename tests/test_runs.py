@@ -70,6 +70,17 @@ def test_resume_refuses_changes_that_break_the_run(text_file, tmp_path, capsys, 
     assert all(text in error for text in named), error
 
 
+def test_resume_options_are_compared_by_the_model_they_build(text_file, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(cli_train(text_file, run, "--steps", "2")) == 0
+    assert main(["train", "--resume", "--out", str(run), "--steps", "3", "-o", "decay=0.99", "--sample-tokens", "0"]) == 0  # the default
+    assert load_checkpoint(run)["train_config"]["options"] == {"rpe_dim": 4}
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["train", "--resume", "--out", str(run), "--steps", "4", "-o", "decay=0.9"])
+    assert "options: checkpoint {'rpe_dim': 4}, given {'rpe_dim': 4, 'decay': 0.9}" in capsys.readouterr().err
+
+
 def test_more_steps_are_allowed_and_recorded_truthfully(text_file, tmp_path):
     run = tmp_path / "run"
     assert main(cli_train(text_file, run, "--steps", "3")) == 0
@@ -197,3 +208,50 @@ def test_a_resume_rebuilds_the_saved_model_after_a_default_changed(text_file, tm
     assert resumed.model.config.options["decay"] == 0.99
     resumed.run()
     assert load_checkpoint(tmp_path / "r")["step"] == 3
+
+
+def test_a_run_stopped_at_its_last_step_is_finished_by_a_resume(text_file, tmp_path):
+    """Saved at the last step, killed before the final evaluation: a resume writes model/ and the final record."""
+    trainer = Trainer(tiny(text_file, tmp_path / "r", steps=3), progress=False)
+    for _ in range(3):
+        trainer.train_step()
+    trainer.save()
+    assert not (tmp_path / "r" / "model").exists()
+    Trainer(tiny(text_file, tmp_path / "r", steps=3), resume=True, progress=False).run()
+    assert (tmp_path / "r" / "model" / "config.json").is_file()
+    assert [r["step"] for r in read_metrics(tmp_path / "r" / "metrics.jsonl") if r.get("final")] == [3]
+    with pytest.raises(ValueError, match="already finished at step 3"):
+        Trainer(tiny(text_file, tmp_path / "r", steps=3), resume=True, progress=False)
+
+
+def test_a_moved_run_resumes_and_a_torn_metrics_line_is_dropped(text_file, tmp_path):
+    Trainer(tiny(text_file, tmp_path / "r", steps=2), progress=False).run()
+    (tmp_path / "r").rename(tmp_path / "moved")
+    with open(tmp_path / "moved" / "metrics.jsonl", "a") as handle:
+        handle.write('{"step": 3, "lo')  # a kill in the middle of a write
+    Trainer(tiny(text_file, tmp_path / "moved", steps=3), resume=True, progress=False).run()
+    state = load_checkpoint(tmp_path / "moved")
+    assert state["step"] == 3 and state["train_config"]["out"] == str(tmp_path / "moved")
+    assert state["resumes"][-1]["changed"]["out"] == [str(tmp_path / "r"), str(tmp_path / "moved")]
+    assert steps_logged(tmp_path / "moved") == [1, 2, 3]
+
+
+def test_time_budget_runs_resume_extend_and_refuse_a_shorter_budget(text_file, tmp_path):
+    budget = dict(steps=None, minutes=0.01)
+    first = Trainer(tiny(text_file, tmp_path / "r", **budget), progress=False)
+    first.run()
+    with pytest.raises(ValueError, match="already finished"):
+        Trainer(tiny(text_file, tmp_path / "r", **budget), resume=True, progress=False)
+    with pytest.raises(ValueError, match="shorter than the run's"):
+        Trainer(tiny(text_file, tmp_path / "r", steps=None, minutes=0.005), resume=True, progress=False)
+    longer = Trainer(tiny(text_file, tmp_path / "r", steps=None, minutes=0.2), resume=True, progress=False)
+    pace = first.train_seconds / first.step
+    assert longer.total_steps == first.step + int((0.2 * 60 * 0.9 - first.train_seconds) / pace)  # the rest, at the run's pace
+    assert longer.total_steps > first.total_steps and longer.resumes[-1]["changed"] == {"minutes": [0.01, 0.2]}
+
+
+def test_time_based_saves_happen_during_a_run(text_file, tmp_path, monkeypatch):
+    saved = []
+    monkeypatch.setattr(Trainer, "save", lambda self: saved.append(self.step))
+    Trainer(tiny(text_file, tmp_path / "r", steps=5, save_every="0.001s"), progress=False).run()
+    assert saved == [1, 2, 3, 4, 5]  # each step takes longer than a millisecond

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .cli_args import integer, number, parse_lengths, parse_option
+from .cli_args import check_output_path, integer, number, parse_lengths, parse_option
 from .data.corpus import BYTE_VOCAB
 from .data.recall import AssociativeRecall
 from .data.sources import load_data
@@ -116,6 +116,8 @@ def train_config_from_args(args) -> TrainConfig:
     if not args.resume:
         return TrainConfig(**given)
     saved = load_checkpoint(Path(given.get("out", TrainConfig.out)))["train_config"]
+    if "options" in given:  # -o adds to the run's options
+        given["options"] = {**saved.get("options", {}), **given["options"]}
     return TrainConfig.from_dict({**saved, **given})
 
 
@@ -200,22 +202,10 @@ def _shown(rows: list[dict]) -> tuple[list[dict], list[str]]:
     return shown, ["length", "loss", "bpc", "ppl", "tokens", "loss_vs_first"]
 
 
-def _check_output_file(path: str | None, flag: str) -> None:
-    """Fail before long work, not after it: the folder is created and the path must not be a folder."""
-    if path is None:
-        return
-    if Path(path).is_dir():
-        raise ValueError(f"{flag} {path!r} is a directory; give a file name")
-    try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ValueError(f"{flag} {path!r}: cannot create its folder ({error.strerror})") from None
-
-
 def run_eval(args) -> int:
     with user_input():
         _use_threads(args)
-        _check_output_file(args.json, "--json")
+        check_output_path(args.json, "--json")
         runs = [(*model_from_checkpoint(checkpoint, args.device), checkpoint) for checkpoint in args.checkpoint]
         for _, train_config, _ in runs:
             load_data(train_config["data"], train_config["seq_len"], train_config["seed"])  # data still where it was

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 
 
 def parse_lengths(text: str) -> list[int]:
@@ -65,3 +66,19 @@ def number(minimum: float = -math.inf, open_minimum: bool = False):
         return value
 
     return parse
+
+
+def check_output_path(path: str | None, flag: str, directory: bool = False) -> None:
+    """Fail before long work, not after it: create the folder a result goes to, and refuse a file
+    where a folder is wanted (``directory``) or a folder where a file is."""
+    if path is None:
+        return
+    target = Path(path)
+    if directory and target.is_file():
+        raise ValueError(f"{flag} {path!r} is a file; give a folder")
+    if not directory and target.is_dir():
+        raise ValueError(f"{flag} {path!r} is a directory; give a file name")
+    try:
+        (target if directory else target.parent).mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"{flag} {path!r}: cannot create its folder ({error.strerror})") from None

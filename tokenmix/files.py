@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable
@@ -10,8 +11,10 @@ from pathlib import Path
 TEMPORARY_SUFFIX = ".tmp"
 
 
+@functools.cache
 def default_file_mode() -> int:
-    """The mode ``open()`` gives a new file: 0666 less the process umask (0644 usually)."""
+    """The mode ``open()`` gives a new file: 0666 less the process umask (0644 usually), read once
+    (reading the umask means setting it, which is not thread safe)."""
     mask = os.umask(0)
     os.umask(mask)
     return 0o666 & ~mask

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..cli_args import integer, parse_lengths, parse_names, parse_option
+from ..cli_args import check_output_path, integer, parse_lengths, parse_names, parse_option
 from ..devices import resolve_device
 from ..errors import user_input
 from ..files import write_json_atomic, write_text_atomic
@@ -130,7 +130,7 @@ def check_cases(cases: list[Case]) -> None:
             module, inputs = tiny.build()
             with torch.no_grad():
                 module(inputs)
-        except ValueError as error:
+        except (ValueError, TypeError) as error:
             raise ValueError(
                 f"{case.kind} {case.name!r} ({'causal' if case.causal else 'bidirectional'}) with options {case.options}: {error}"
             ) from None
@@ -159,10 +159,10 @@ def run_bench(args) -> int:
         device = resolve_device(args.device)
         cases = bench_cases(args)
         torch.set_num_threads(args.threads)
+        check_output_path(args.output, "--output")
+        check_output_path(args.report, "--report")
+        check_output_path(args.plot, "--plot", directory=True)
         check_cases(cases)
-        for path in (args.output, args.report):
-            if path:
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
     in_process = device.type == "cuda"
     allocator = retain_freed_memory() if in_process else None
     revision = source_revision()
@@ -216,6 +216,9 @@ def run_compare(args) -> int:
     with user_input():
         rows = comparison_rows(read_records(args.before), read_records(args.after))
         if not rows:
-            raise ValueError("the two files share no measured (kind, mixer, causal, length) case")
+            raise ValueError(
+                "the two files share no comparable case: the same kind, name, direction and length, measured at the same "
+                "dim, batch, dtype and device"
+            )
     print(format_table(rows, list(rows[0])))
     return 0

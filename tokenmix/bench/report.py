@@ -265,14 +265,18 @@ def profile_sections(records: list[dict]) -> list[str]:
     return parts
 
 
+COMPARED_SETTINGS = ("dim", "batch", "dtype", "device")  # must agree where both records have them
+
+
 def comparison_rows(before: list[dict], after: list[dict]) -> list[dict]:
-    """Records measured in both runs, matched by (kind, mixer, causal, length), with speed-ups."""
+    """Records measured in both runs, matched by (kind, mixer, causal, length) and agreeing on
+    ``COMPARED_SETTINGS`` (a --quick run is not compared with a full one), with speed-ups."""
     key = lambda record: (record.get("kind", "mixer"), record["mixer"], record["causal"], record["length"])  # noqa: E731
     earlier = {key(record): record for record in measured(before)}
     rows = []
     for record in measured(after):
         old = earlier.get(key(record))
-        if old is None:
+        if old is None or any(field in old and field in record and old[field] != record[field] for field in COMPARED_SETTINGS):
             continue
         rows.append(
             {

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, save_model
 
 from ..devices import resolve_device
 from ..files import atomic_write, write_text_atomic
@@ -37,5 +37,8 @@ def from_pretrained(directory, device=None, dtype: torch.dtype | None = None) ->
     except json.JSONDecodeError as error:
         raise ValueError(f"{str(directory / CONFIG_FILE)!r} is not valid JSON: {error}") from None
     model = SequenceModel(ModelConfig.from_dict(data))
-    load_model(model, str(directory / WEIGHTS_FILE))
+    weights = load_file(str(directory / WEIGHTS_FILE))
+    saved = next((tensor.dtype for tensor in weights.values() if tensor.is_floating_point()), None)
+    model.to(dtype=saved)  # the saved precision unless ``dtype`` says otherwise
+    model.load_state_dict(weights)
     return model.to(device=resolve_device(device or "cpu"), dtype=dtype)

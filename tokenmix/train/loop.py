@@ -16,10 +16,9 @@ from __future__ import annotations
 import json
 import math
 import signal
-import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -39,7 +38,7 @@ from .checkpoint import CHECKPOINT_FILE, load_checkpoint, restore_rng_state, rng
 from .distributed import DistributedContext, init_distributed
 from .evaluate import describe, evaluate_lm, evaluate_mlm, evaluate_recall
 from .optim import build_optimizer
-from .runs import METRICS_FILE, MODEL_DIRECTORY, claim_directory, clean_stale, resume_changes, truncate_metrics
+from .runs import METRICS_FILE, MODEL_DIRECTORY, check_directory, claim_directory, clean_stale, resume_changes, truncate_metrics
 from .schedule import SCHEDULES, lr_multiplier
 
 TRAIN_TASKS = ("lm", "mlm")
@@ -144,6 +143,12 @@ class TrainConfig:
         return ModelConfig(self.model, self.task, vocab, self.dim, self.depth, None, options)
 
 
+def _check_world_size(checkpoint: dict, world_size: int) -> None:
+    written_by = len(checkpoint.get("segment_states") or [None] * world_size)
+    if written_by != world_size:
+        raise ValueError(f"--resume: the checkpoint was written by {written_by} processes; resume with as many")
+
+
 def _to_device(state: SegmentState | None, device) -> SegmentState | None:
     if state is None:
         return None
@@ -167,11 +172,10 @@ class StopSignals:
             self.previous = {number: signal.signal(number, self._handle) for number in self.SIGNALS}
         return self
 
-    def _handle(self, number, frame):
+    def _handle(self, number, frame):  # only a flag: writing here could cut into a write of the progress bar
         self.received = signal.Signals(number).name
         for restored, handler in self.previous.items():
             signal.signal(restored, handler)
-        print(f"\n{self.received}: saving a checkpoint after this step (again to quit at once)", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc):
         for number, handler in self.previous.items():
@@ -202,11 +206,16 @@ class Trainer:
         checkpoint = self._read_checkpoint() if resume else None
         # A resumed model is rebuilt from the checkpoint's resolved config, so defaults that changed since do not touch it.
         model_config = ModelConfig.from_dict(checkpoint["model_config"]) if resume else config.model_config(self.data.vocab_size)
-        self.context: DistributedContext = init_distributed(self.device)
         torch.manual_seed(config.seed)
-        self.model = SequenceModel(model_config).to(self.device)
+        self.model = SequenceModel(model_config)
         if self.recall and self.model.recurrent:
             raise ValueError(f"data {config.data!r} needs a model that reads whole examples, not the segment-recurrent {config.model!r}")
+        if not resume:
+            check_directory(self.out, overwrite)  # on every rank, before any of them waits for the others
+        self.context: DistributedContext = init_distributed(self.device)
+        if checkpoint is not None:
+            _check_world_size(checkpoint, self.context.world_size)
+        self.model.to(self.device)
         self.removed_stale: list[Path] = []
         if self.context.is_main:  # only now, with every setting checked, is the directory touched
             if resume:
@@ -259,15 +268,28 @@ class Trainer:
         if not path.is_file():
             raise ValueError(f"--resume: no checkpoint at {str(path)!r}")
         state = load_checkpoint(path)
-        changes = resume_changes(state["train_config"], asdict(self.config), state["step"])
+        requested = asdict(self.config)
+        saved_options = state["train_config"].get("options", {})
+        if self._resolved_options(saved_options) == self._resolved_options(self.config.options):
+            self.config = replace(self.config, options=saved_options)  # the same model, kept as the run spelled it
+            requested["options"] = saved_options
+        changes = resume_changes(state["train_config"], requested, state["step"])
         finished = state["total_steps"] is not None and state["step"] >= state["total_steps"]
-        if finished and not {"steps", "minutes"} & set(changes):
+        model_written = (self.out / MODEL_DIRECTORY / "config.json").is_file()  # absent: stopped before its final evaluation
+        if finished and model_written and not {"steps", "minutes"} & set(changes):
             raise ValueError(
                 f"--resume: the run in {str(self.out)!r} already finished at step {state['step']}; "
                 f"give --steps > {state['step']} (or a longer --minutes) to train further"
             )
         state["changes"] = changes
         return state
+
+    def _resolved_options(self, options: dict) -> dict | None:
+        """Every model option the run's settings with these ``options`` resolve to (None if they resolve to no model)."""
+        try:
+            return replace(self.config, options=options).model_config(self.data.vocab_size).options
+        except ValueError:
+            return None
 
     def _resume(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
@@ -283,8 +305,6 @@ class Trainer:
                 group["lr"] = base_lr * self._multiplier(self.step)  # the schedule of the new run length, from this step on
         restore_rng_state(state["rng"])
         segment_states = state.get("segment_states") or [None] * self.context.world_size
-        if len(segment_states) != self.context.world_size:
-            raise ValueError(f"--resume: the checkpoint was written by {len(segment_states)} processes; resume with as many")
         self.segment_state = _to_device(segment_states[self.context.rank], self.device)
         if changes:
             self.resumes.append({"step": self.step, "changed": changes})

@@ -12,32 +12,34 @@ import json
 import shutil
 from pathlib import Path
 
-from ..files import remove_stale_temporaries
+from ..files import remove_stale_temporaries, write_text_atomic
 from .checkpoint import CHECKPOINT_FILE
 
 METRICS_FILE = "metrics.jsonl"
 MODEL_DIRECTORY = "model"
 RUN_FILES = (CHECKPOINT_FILE, METRICS_FILE, MODEL_DIRECTORY)
-# Settings a resume may change: how long to train and how to watch and save the run.
-RESUMABLE = ("steps", "minutes", "eval_every", "eval_tokens", "save_every", "threads", "device", "check_finite")
+# Settings a resume may change: how long to train, how to watch and save the run, and where it lives.
+RESUMABLE = ("steps", "minutes", "eval_every", "eval_tokens", "save_every", "threads", "device", "check_finite", "out")
 
 
 def existing_run_files(out: Path) -> list[str]:
     return [name for name in RUN_FILES if (out / name).exists()]
 
 
-def claim_directory(out: Path, overwrite: bool) -> list[Path]:
-    """Make ``out`` ready for a new run; returns stale temporary files it removed.
-
-    ValueError if ``out`` holds a run and ``overwrite`` is False; with ``overwrite`` its run files go.
-    """
+def check_directory(out: Path, overwrite: bool) -> None:
+    """ValueError if ``out`` holds a run and ``overwrite`` is False (read only: every rank may ask)."""
     found = existing_run_files(out)
     if found and not overwrite:
         raise ValueError(
             f"--out {str(out)!r} already holds a run ({', '.join(found)}): continue it with --resume, "
             "replace it with --overwrite, or choose another --out"
         )
-    for name in found:
+
+
+def claim_directory(out: Path, overwrite: bool) -> list[Path]:
+    """Make ``out`` ready for a new run (``check_directory`` first); returns stale temporary files it removed."""
+    check_directory(out, overwrite)
+    for name in existing_run_files(out):
         path = out / name
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     return clean_stale(out)
@@ -70,9 +72,18 @@ def resume_changes(saved: dict, requested: dict, step: int) -> dict[str, list]:
 
 
 def read_metrics(path: Path) -> list[dict]:
+    """The records of a ``metrics.jsonl``; a last line cut short by a kill is dropped, any other bad line is a ValueError."""
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines):
+                raise ValueError(f"{str(path)!r} line {number} is not a JSON record: {line[:80]!r}") from None
+    return records
 
 
 def truncate_metrics(path: Path, step: int) -> int:
@@ -80,8 +91,11 @@ def truncate_metrics(path: Path, step: int) -> int:
 
     A run killed after its last save logged steps the resumed run will log again: each step is kept once.
     """
+    if not path.is_file():
+        return 0
     records = read_metrics(path)
     kept = [record for record in records if record.get("step", 0) <= step and not record.get("final")]
-    if len(kept) != len(records):
-        path.write_text("".join(json.dumps(record) + "\n" for record in kept))
+    text = "".join(json.dumps(record) + "\n" for record in kept)
+    if path.read_text() != text:  # also drops a torn last line
+        write_text_atomic(path, text)
     return len(records) - len(kept)
