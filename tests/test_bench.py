@@ -105,7 +105,6 @@ def test_bad_options_are_refused_before_anything_is_measured(tmp_path, capsys):
     assert not output.exists()
 
 
-@pytest.mark.slow
 def test_output_paths_are_checked_before_anything_is_measured(tmp_path, capsys):
     (tmp_path / "afile").write_text("")
     for flags, message in ((["--output", str(tmp_path)], "--output"), (["--plot", str(tmp_path / "afile")], "--plot")):

@@ -93,3 +93,16 @@ def test_the_tcn_depth_option_is_recorded_once():
     assert config.depth == 2 and config.options["depth"] == 3
     with pytest.raises(ValueError, match="unknown option 'depth' for model 'tnn'"):
         ModelConfig("tnn", options={"depth": 3})
+
+
+def test_derived_defaults_are_recorded_as_numbers(tmp_path, monkeypatch):
+    """heads=None means "the most heads up to 4 that fit the width": the saved config holds the number."""
+    model = tokenmix.build_model("tnn", vocab_size=10, dim=8, depth=1, mixer="attention").eval()
+    assert model.config.options["heads"] == 4 and model.config.options["max_distance"] == 1024
+    model.save_pretrained(tmp_path)
+    monkeypatch.setattr("tokenmix.mixers.attention.default_heads", lambda dim, position: 1)
+    assert tokenmix.build_model("tnn", vocab_size=10, dim=8, depth=1, mixer="attention").config.options["heads"] == 1
+    loaded = tokenmix.from_pretrained(tmp_path).eval()
+    assert loaded.blocks[0].token_mixing.mixer.heads == 4
+    tokens = torch.randint(0, 10, (1, 9))
+    torch.testing.assert_close(loaded(tokens), model(tokens), rtol=0, atol=0)

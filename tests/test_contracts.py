@@ -40,7 +40,7 @@ def mixer(name, causal, dim=DIM, **options):
 def model(name, task="lm", **options):
     """A small model; chunked attention (where the model has it) gets chunks shorter than the test sequences."""
     extra = {"num_classes": 3} if task == "classify" else {}
-    if "chunk_size" in resolve_model_options(name, {}, depth=2):
+    if "chunk_size" in resolve_model_options(name, {}, dim=16, depth=2):
         extra["chunk_size"] = 8
     return tokenmix.build_model(name, task=task, vocab_size=20, dim=16, depth=2, **extra, **options)
 
@@ -132,7 +132,7 @@ def test_mixer_refuses_bad_input(name, causal, call, message):
 
 @pytest.mark.parametrize("name", tokenmix.list_mixers())
 def test_unknown_mixer_option_names_every_accepted_one(name):
-    accepted = resolve_mixer_options(name, {})
+    accepted = resolve_mixer_options(name, {}, DIM)
     with pytest.raises(ValueError, match="unknown option 'no_such_option'") as raised:
         tokenmix.build_mixer(name, DIM, mixer_class(name).causal_modes[0], no_such_option=1)
     assert all(option in str(raised.value) for option in accepted)
@@ -141,8 +141,9 @@ def test_unknown_mixer_option_names_every_accepted_one(name):
 @pytest.mark.parametrize("name", tokenmix.list_mixers())
 def test_resolved_mixer_options_rebuild_the_same_mixer(name):
     causal = mixer_class(name).causal_modes[0]
-    resolved = resolve_mixer_options(name, SMALL.get(name, {}))
-    assert resolve_mixer_options(name, resolved) == resolved
+    resolved = resolve_mixer_options(name, SMALL.get(name, {}), DIM)
+    assert resolve_mixer_options(name, resolved, DIM) == resolved
+    assert not {key for key, value in resolved.items() if value is None} & {"heads", "max_distance"}  # derived defaults pinned
     torch.manual_seed(1)
     first = tokenmix.build_mixer(name, DIM, causal, **SMALL.get(name, {}))
     torch.manual_seed(1)

@@ -15,7 +15,8 @@ OPTIONS = (ROOT / "docs" / "options.md").read_text()
 
 @pytest.mark.parametrize("name", tokenmix.list_mixers() + tokenmix.list_models())
 def test_options_page_names_every_option(name):
-    resolved = resolve_mixer_options(name, {}) if name in tokenmix.list_mixers() else resolve_model_options(name, {}, depth=4)
+    mixer = name in tokenmix.list_mixers()
+    resolved = resolve_mixer_options(name, {}, dim=8) if mixer else resolve_model_options(name, {}, dim=8, depth=4)
     missing = [option for option in resolved if f"`{option}`" not in OPTIONS]
     assert f"`{name}`" in OPTIONS and not missing, f"docs/options.md lacks {name}: {missing}"
 

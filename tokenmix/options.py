@@ -49,12 +49,13 @@ def refuse_unknown(unknown: dict, accepted: Iterable[str], owner: str) -> None:
 
 
 class Configurable:
-    """Mixin: ``resolve_options(options) -> (resolved, unknown)`` from the constructor's signature.
+    """Mixin: ``resolve_options(options, dim) -> (resolved, unknown)`` from the constructor's signature.
 
-    Subclasses whose constructor forwards ``**options`` to a part override it to add that part's
-    resolved options.
+    Subclasses override it to add the resolved options of a part they forward ``**options`` to, and
+    to pin defaults computed from other values (a None that means "derived from dim") to the value
+    they stand for, so that a saved config does not depend on how the default is derived.
     """
 
     @classmethod
-    def resolve_options(cls, options: dict) -> tuple[dict, dict]:
+    def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:
         return take_options(cls.__init__, options)

@@ -55,10 +55,10 @@ class Gtu(Configurable, nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     @classmethod
-    def resolve_options(cls, options: dict) -> tuple[dict, dict]:
-        """The GTU's options and its mixer's (chosen by ``mixer``), defaults filled in."""
+    def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:
+        """The GTU's options and its mixer's (chosen by ``mixer``, at width expand * dim), defaults filled in."""
         own, rest = take_options(cls.__init__, options)
-        mixer_options, unknown = mixer_class(own["mixer"]).resolve_options(rest)
+        mixer_options, unknown = mixer_class(own["mixer"]).resolve_options(rest, check_int(own["expand"], "expand") * dim)
         return merge_options(own, mixer_options, f"the GTU with mixer {own['mixer']!r}"), unknown
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

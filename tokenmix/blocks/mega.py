@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..mixers.attention import RelativePosition
+from ..mixers.attention import RelativePosition, relative_reach
 from ..mixers.registry import build_mixer, mixer_class
 from ..ops.attention import chunked_attention
 from ..options import Configurable, merge_options, take_options
@@ -37,9 +37,11 @@ def sequence_options(sequence_mixer: str, tcn_depth: int | None, options: dict) 
     return {**options, "depth": tcn_depth}
 
 
-def resolve_with_sequence_mixer(own: dict, rest: dict, sequence_mixer: str) -> tuple[dict, dict]:
-    """A block's own options plus its sequence mixer's, the TCN's ``depth`` recorded as ``tcn_depth``."""
-    mixer_options, unknown = mixer_class(sequence_mixer).resolve_options(sequence_options(sequence_mixer, own["tcn_depth"], rest))
+def resolve_with_sequence_mixer(own: dict, rest: dict, sequence_mixer: str, dim: int) -> tuple[dict, dict]:
+    """A block's own options plus its sequence mixer's, the TCN's ``depth`` recorded as ``tcn_depth``
+    and the attention's bias reach pinned (``relative_reach``)."""
+    own = {**own, "max_distance": relative_reach(own["max_distance"], own["chunk_size"])}
+    mixer_options, unknown = mixer_class(sequence_mixer).resolve_options(sequence_options(sequence_mixer, own["tcn_depth"], rest), dim)
     if sequence_mixer == "tcn":
         own = {**own, "tcn_depth": mixer_options.pop("depth")}
     return merge_options(own, mixer_options, f"the block with sequence mixer {sequence_mixer!r}"), unknown
@@ -77,7 +79,7 @@ class MegaBlock(Configurable, nn.Module):
         self.gates = nn.Linear(dim, dim + z_dim + self.hidden + dim)  # u, z, r, h_x
         self.qk_scale = nn.Parameter(torch.randn(2, z_dim) * 0.02)
         self.qk_offset = nn.Parameter(torch.zeros(2, z_dim))
-        self.position = RelativePosition(position, max_distance or chunk_size or 1024)
+        self.position = RelativePosition(position, relative_reach(max_distance, chunk_size))
         if position == "rotary" and z_dim % 2:
             raise ValueError(f"position='rotary' needs an even z_dim, got {z_dim}")
         self.hidden_out = nn.Linear(self.hidden, dim)
@@ -86,11 +88,11 @@ class MegaBlock(Configurable, nn.Module):
         self.ffn = Ffn(dim, ffn_expand, "silu", dropout)
 
     @classmethod
-    def resolve_options(cls, options: dict) -> tuple[dict, dict]:
+    def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:
         own, rest = take_options(cls.__init__, options)
         if own["sequence_mixer"] not in SEQUENCE_MIXERS:
             raise ValueError(f"sequence_mixer must be one of {list(SEQUENCE_MIXERS)}, got {own['sequence_mixer']!r}")
-        return resolve_with_sequence_mixer(own, rest, own["sequence_mixer"])
+        return resolve_with_sequence_mixer(own, rest, own["sequence_mixer"], dim)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         h = self.norm(x)

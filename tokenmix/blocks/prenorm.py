@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..mixers.attention import relative_reach
 from ..mixers.registry import build_mixer
 from ..options import Configurable, take_options
 from .ffn import Ffn
@@ -47,6 +48,11 @@ class TransformerBlock(PreNormBlock):
         attention = build_mixer("attention", dim, causal, heads=heads, chunk_size=chunk_size, position=position, max_distance=max_distance)
         super().__init__(dim, [attention], ffn_expand, "gelu", dropout)
 
+    @classmethod
+    def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:
+        own, unknown = take_options(cls.__init__, options)
+        return {**own, "max_distance": relative_reach(own["max_distance"], own["chunk_size"])}, unknown
+
 
 class TcncaSimpleBlock(PreNormBlock):
     def __init__(
@@ -69,6 +75,6 @@ class TcncaSimpleBlock(PreNormBlock):
         super().__init__(dim, [tcn, attention], ffn_expand, "silu", dropout)
 
     @classmethod
-    def resolve_options(cls, options: dict) -> tuple[dict, dict]:
+    def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:
         own, rest = take_options(cls.__init__, options)
-        return resolve_with_sequence_mixer(own, rest, "tcn")
+        return resolve_with_sequence_mixer(own, rest, "tcn", dim)

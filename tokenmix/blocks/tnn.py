@@ -27,10 +27,10 @@ class TnnBlock(Configurable, nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     @classmethod
-    def resolve_options(cls, options: dict) -> tuple[dict, dict]:
+    def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:
         """The block's options and its GTU's (which shares ``dropout``), defaults filled in."""
         own, rest = take_options(cls.__init__, options)
-        gtu_options, unknown = Gtu.resolve_options({**rest, "dropout": own["dropout"]})
+        gtu_options, unknown = Gtu.resolve_options({**rest, "dropout": own["dropout"]}, dim)
         return merge_options(own, gtu_options, "the TNN block", shared=("dropout",)), unknown
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

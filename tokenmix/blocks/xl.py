@@ -154,7 +154,7 @@ class FourierXlStack:
         chosen = fourier_layer_indices(depth, count, fourier_placement)
         return [XlBlock(dim, causal, "fnet_ar" if index in chosen else "attention", **options) for index in range(depth)]
 
-    def resolve_options(self, options: dict, depth: int) -> tuple[dict, dict]:
+    def resolve_options(self, options: dict, dim: int, depth: int) -> tuple[dict, dict]:
         """The stack's options (``fourier_layers`` resolved to a count) and the XL block's, without ``mixer``."""
         if "mixer" in options:
             raise ValueError("fnet_ar_xl picks each layer's mixer by fourier_layers and fourier_placement; 'mixer' is not an option")
@@ -162,6 +162,6 @@ class FourierXlStack:
         if own["fourier_layers"] is None:
             own["fourier_layers"] = depth // 2
         fourier_layer_indices(depth, own["fourier_layers"], own["fourier_placement"])  # validates both
-        block, unknown = XlBlock.resolve_options(rest)
+        block, unknown = XlBlock.resolve_options(rest, dim)
         block.pop("mixer")
         return merge_options(own, block, "fnet_ar_xl's stack"), unknown

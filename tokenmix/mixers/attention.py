@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops.attention import chunked_attention, rotary
+from ..options import take_options
 from ..validation import check_int
 from .base import Mixer
 from .registry import register_mixer
@@ -46,6 +47,11 @@ class RelativePosition(nn.Module):
 
     def extra_repr(self) -> str:
         return f"position={self.position!r}" + (f", max_distance={self.max_distance}" if self.table is not None else "")
+
+
+def relative_reach(max_distance: int | None, chunk_size: int | None) -> int:
+    """Offsets a learned position bias tells apart: ``max_distance``, else the chunk, else 1024."""
+    return max_distance or chunk_size or 1024
 
 
 def default_heads(dim: int, position: str) -> int:
@@ -88,7 +94,16 @@ class Attention(Mixer):
         self.heads, self.chunk_size = heads, chunk_size
         self.query_key_value = nn.Linear(dim, 3 * dim)
         self.out = nn.Linear(dim, dim)
-        self.position = RelativePosition(position, max_distance or chunk_size or 1024)
+        self.position = RelativePosition(position, relative_reach(max_distance, chunk_size))
+
+    @classmethod
+    def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:
+        """Heads and the bias reach pinned to the numbers ``None`` stands for at this dim."""
+        own, unknown = take_options(cls.__init__, options)
+        if own["heads"] is None:
+            own["heads"] = default_heads(dim, own["position"])
+        own["max_distance"] = relative_reach(own["max_distance"], own["chunk_size"])
+        return own, unknown
 
     def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         batch, n, _ = x.shape

@@ -31,13 +31,13 @@ def mixer_class(name: str):
     return _MIXERS[name]
 
 
-def resolve_mixer_options(name: str, options: dict) -> dict:
-    """Every constructor option of mixer ``name``, defaults filled in; ValueError on unknown names."""
-    resolved, unknown = mixer_class(name).resolve_options(options)
+def resolve_mixer_options(name: str, options: dict, dim: int) -> dict:
+    """Every constructor option of mixer ``name`` at ``dim`` channels, defaults filled in; ValueError on unknown names."""
+    resolved, unknown = mixer_class(name).resolve_options(options, dim)
     refuse_unknown(unknown, resolved, f"mixer {name!r}")
     return resolved
 
 
 def build_mixer(name: str, dim: int, causal: bool = False, **options) -> nn.Module:
     """Build a registered mixer: (batch, length, dim) -> (batch, length, dim)."""
-    return mixer_class(name)(dim, causal, **resolve_mixer_options(name, options))
+    return mixer_class(name)(dim, causal, **resolve_mixer_options(name, options, dim))

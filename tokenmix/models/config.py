@@ -45,7 +45,7 @@ class ModelConfig:
             raise ValueError(f"num_classes is only used with task='classify', got {self.num_classes!r}")
         if not isinstance(self.options, dict):
             raise ValueError(f"options must be a dict of option names to values, got {type(self.options).__name__}")
-        self.options = resolve_model_options(self.name, self.options, self.depth)
+        self.options = resolve_model_options(self.name, self.options, self.dim, self.depth)
         self.format_version, self.tokenmix_version = FORMAT_VERSION, __version__
 
     @property

@@ -22,13 +22,13 @@ class Repeated:
         """``depth`` blocks; positional-only, so a mixer option named ``depth`` (the TCN's) passes through."""
         return [self.block(dim, causal, **options) for _ in range(depth)]
 
-    def resolve_options(self, options: dict, depth: int) -> tuple[dict, dict]:
-        return self.block.resolve_options(options)
+    def resolve_options(self, options: dict, dim: int, depth: int) -> tuple[dict, dict]:
+        return self.block.resolve_options(options, dim)
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    layers: Repeated | FourierXlStack  # (dim, causal, depth, **options) -> blocks; resolve_options(options, depth)
+    layers: Repeated | FourierXlStack  # (dim, causal, depth, **options) -> blocks; resolve_options(options, dim, depth)
     defaults: dict = field(default_factory=dict)
     description: str = ""
     tasks: tuple[str, ...] = TASKS
@@ -59,9 +59,10 @@ def model_spec(name: str) -> ModelSpec:
     return _MODELS[name]
 
 
-def resolve_model_options(name: str, options: dict, depth: int) -> dict:
-    """Every option of every block and mixer of model ``name``, defaults filled in; ValueError on unknown names."""
+def resolve_model_options(name: str, options: dict, dim: int, depth: int) -> dict:
+    """Every option of every block and mixer of model ``name`` (width ``dim``, ``depth`` layers), defaults
+    filled in; ValueError on unknown names."""
     spec = model_spec(name)
-    resolved, unknown = spec.layers.resolve_options({**spec.defaults, **options}, depth)
+    resolved, unknown = spec.layers.resolve_options({**spec.defaults, **options}, dim, depth)
     refuse_unknown(unknown, resolved, f"model {name!r}")
     return resolved
