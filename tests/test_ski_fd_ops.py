@@ -1,10 +1,12 @@
 """Ops of SKI-TNN / FD-TNN (Moreno et al. 2023): interpolation, banded product, SKI low rank, Hilbert transform, Theorem 1."""
 
 import math
+from unittest.mock import patch
 
 import pytest
 import torch
 from conftest import LENGTHS, relative_error
+from torch.autograd import gradgradcheck
 
 from tokenmix.ops.band import band_matvec, naive_band_matvec
 from tokenmix.ops.hilbert import causal_impulse_response, causal_spectrum, naive_causal_spectrum
@@ -138,3 +140,30 @@ def _theorem_1_terms(n: int, rank: int, width: float):
 def test_theorem_1_spectral_norm_bound_holds(n, rank, width):
     error, bound = _theorem_1_terms(n, rank, width)
     assert 0 < error <= bound
+
+
+@pytest.mark.parametrize("degree", [1, 3])
+def test_interpolation_pair_supports_double_backward(degree):
+    """W and W^T (one autograd pair, each the other's backward) are constant linear maps, so their
+    backward is differentiable again: second derivatives through the SKI low rank part are exact
+    (A applied here by its dense matrix; the FFT product is once differentiable)."""
+    import functools
+
+    from tokenmix.ops.ski import _gather, _interpolated_product, _linear_downsample, _linear_upsample, _scatter, ski_weights
+    from tokenmix.ops.toeplitz import naive_toeplitz_matvec
+
+    n, rank = 11, 4
+    if degree == 1:
+        restrict, prolong = functools.partial(_linear_downsample, count=rank), functools.partial(_linear_upsample, n=n)
+    else:
+        index, weight = ski_weights(n, rank, degree)
+        restrict = functools.partial(_scatter, index=index, weight=weight, count=rank)
+        prolong = functools.partial(_gather, index=index, weight=weight)
+
+    def low_rank(x, kernel):
+        with patch("tokenmix.ops.ski._apply_small", lambda k, z: naive_toeplitz_matvec(z, k.to(z.dtype), causal=False)):
+            return _interpolated_product(x, kernel, restrict, prolong).square()
+
+    x = torch.randn(1, n, 2, dtype=torch.float64, requires_grad=True)
+    kernel = torch.randn(2 * rank - 1, 2, dtype=torch.float64, requires_grad=True)
+    assert gradgradcheck(low_rank, (x, kernel))
