@@ -82,6 +82,12 @@ def _finish(plt, figure, path: Path) -> Path:
     return path
 
 
+def _against_length(axis, ylabel: str, title: str, log_y: bool = True) -> None:
+    """Log-length x axis, labels, plain tick labels, grid and a legend beside the panel."""
+    axis.set(xscale="log", yscale="log" if log_y else "linear", xlabel="sequence length", ylabel=ylabel, title=title)
+    _legend(axis)
+
+
 def _legend(axis) -> None:
     from matplotlib.ticker import FuncFormatter
 
@@ -114,14 +120,7 @@ def write_plots(records: list[dict], directory) -> list[Path]:
         train_axis.plot(lengths, [r["forward_backward_ms"] for r in rows], marker="o", label=name, color=line.get_color())
     for (kind, causal), (forward_axis, train_axis) in slots.items():
         for axis, what in ((forward_axis, "eval forward"), (train_axis, "training step")):
-            axis.set(
-                xscale="log",
-                yscale="log",
-                xlabel="sequence length",
-                ylabel="median time (ms)",
-                title=f"{kind}s, {DIRECTIONS[causal]}: {what}",
-            )
-            _legend(axis)
+            _against_length(axis, "median time (ms)", f"{kind}s, {DIRECTIONS[causal]}: {what}")
     figure.suptitle("Time per call against sequence length")
     written.append(_finish(plt, figure, directory / "time_vs_length.png"))
 
@@ -143,27 +142,14 @@ def write_plots(records: list[dict], directory) -> list[Path]:
             )
         for causal, axis in zip(directions, axes[0], strict=True):
             axis.axhline(1.0, color="gray", linestyle=":", label="the floor")
-            axis.set(
-                xscale="log",
-                xlabel="sequence length",
-                ylabel="time / fastest bare rfft + irfft",
-                title=f"FFT-based mixers, {DIRECTIONS[causal]}",
-            )
-            _legend(axis)
+            _against_length(axis, "time / fastest bare rfft + irfft", f"FFT-based mixers, {DIRECTIONS[causal]}", log_y=False)
         written.append(_finish(plt, figure, directory / "ratios.png"))
 
     figure, slots = _grid(plt, panels)
     for (kind, name, causal), rows in series.items():
         slots[(kind, causal)][0].plot([r["length"] for r in rows], [r["peak_mem_mb"] for r in rows], marker="o", label=name)
     for (kind, causal), (axis,) in slots.items():
-        axis.set(
-            xscale="log",
-            yscale="log",
-            xlabel="sequence length",
-            ylabel="peak memory of a training step (MB)",
-            title=f"{kind}s, {DIRECTIONS[causal]}",
-        )
-        _legend(axis)
+        _against_length(axis, "peak memory of a training step (MB)", f"{kind}s, {DIRECTIONS[causal]}")
     written.append(_finish(plt, figure, directory / "memory.png"))
     return written
 
