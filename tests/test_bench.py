@@ -5,11 +5,12 @@ import pytest
 
 from tokenmix.bench import MEASUREMENT_FIELDS, Case, measure
 from tokenmix.bench import cli as bench_cli
-from tokenmix.bench.cli import apply_presets, bench_cases, source_revision
+from tokenmix.bench.cli import apply_presets, bench_cases
 from tokenmix.bench.measure import failed_measurement
 from tokenmix.bench.report import markdown_report, reading
 from tokenmix.bench.worker import run_in_subprocess
 from tokenmix.cli import build_parser, main
+from tokenmix.version import source_revision
 
 FIELD_TYPES = {
     "kind": str,

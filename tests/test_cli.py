@@ -87,7 +87,9 @@ def test_bad_arguments_of_eval_generate_plot(run, capsys, command, flags, messag
 def test_eval_json_into_a_new_folder_is_written(run, tmp_path):
     target = tmp_path / "new" / "folder" / "results.json"
     assert main(["eval", str(run), "--json", str(target), "--threads", "1"]) == 0
-    assert json.loads(target.read_text())["results"][0]["bpc"] > 0
+    written = json.loads(target.read_text())
+    assert written["results"][0]["bpc"] > 0
+    assert written["tokenmix_version"] == tokenmix.__version__ and "git_commit" in written
 
 
 def test_generate_without_top_k_and_with_control_bytes_escaped(run, capsys):
@@ -127,6 +129,9 @@ def test_help_names_models_mixers_and_every_option(capsys):
             assert action.help, f"tokenmix {name} {action.option_strings or action.dest} has no help line"
     train = subcommands.choices["train"].format_help()
     assert "--save-every" in train and "checkpoint" in train and "lstm" not in train and "ski_tnn" in train
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--version"])
+    assert capsys.readouterr().out.strip() == f"tokenmix {tokenmix.__version__}"
 
 
 def test_checkpoint_with_another_task_cannot_generate(text_file, tmp_path, capsys):

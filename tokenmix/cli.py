@@ -29,6 +29,7 @@ from .train.checkpoint import load_checkpoint, model_from_checkpoint
 from .train.evaluate import describe, evaluate_lm, evaluate_mlm, evaluate_recall
 from .train.generate import generate
 from .train.loop import TrainConfig, Trainer, TrainingDiverged, TrainingInterrupted
+from .version import __version__, source_revision
 
 DEMO_PROMPT = "ROMEO.\n"
 INTERRUPTED_STATUS = 130
@@ -190,6 +191,8 @@ def _evaluate_run(model, train_config: dict, checkpoint: str, args) -> dict:
         "train_length": train_config["seq_len"],
         "recurrent": model.recurrent,
         "results": rows,
+        "tokenmix_version": __version__,
+        "git_commit": source_revision(),
     }
 
 
@@ -298,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fast token mixers for long sequences: train, evaluate, generate, plot, benchmark.",
         epilog=f"models: {', '.join(list_models())}. mixers: {', '.join(list_mixers())}. `tokenmix COMMAND --help` for each command.",
     )
+    parser.add_argument("--version", action="version", version=f"tokenmix {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_train(subparsers)
     _add_eval(subparsers)

@@ -1,3 +1,23 @@
-"""The package version (read by pyproject.toml and recorded in every saved config)."""
+"""The package version (read by pyproject.toml and recorded in every saved config) and the source revision."""
+
+import subprocess
+from pathlib import Path
 
 __version__ = "0.2.0"
+
+
+def source_revision() -> str | None:
+    """The git commit of the tokenmix source in use (``-dirty`` with uncommitted changes); None outside a checkout."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*arguments: str) -> str | None:
+        try:
+            result = subprocess.run(["git", "-C", str(root), *arguments], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return result.stdout.strip() if result.returncode == 0 else None
+
+    if git("rev-parse", "--show-toplevel") != str(root):
+        return None
+    commit = git("rev-parse", "--short=12", "HEAD")
+    return commit and commit + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import platform
 import shlex
-import subprocess
 from pathlib import Path
 
 import torch
@@ -19,6 +18,7 @@ from ..mixers.registry import list_mixers
 from ..models.registry import list_models
 from ..runtime import retain_freed_memory
 from ..table import format_table
+from ..version import source_revision
 from .cases import DTYPES, KINDS, Case, batch_for, supports
 from .measure import failed_measurement, measure
 from .report import comparison_rows, markdown_report, table_columns, write_plots
@@ -134,23 +134,6 @@ def check_cases(cases: list[Case]) -> None:
             raise ValueError(
                 f"{case.kind} {case.name!r} ({'causal' if case.causal else 'bidirectional'}) with options {case.options}: {error}"
             ) from None
-
-
-def source_revision() -> str | None:
-    """The git commit of the tokenmix source being measured (``-dirty`` with uncommitted changes); None outside a checkout."""
-    root = Path(__file__).resolve().parents[2]
-
-    def git(*arguments: str) -> str | None:
-        try:
-            result = subprocess.run(["git", "-C", str(root), *arguments], capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return result.stdout.strip() if result.returncode == 0 else None
-
-    if git("rev-parse", "--show-toplevel") != str(root):
-        return None
-    commit = git("rev-parse", "--short=12", "HEAD")
-    return commit and commit + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def run_bench(args) -> int:
