@@ -1,0 +1,143 @@
+"""Exact online causal Toeplitz products: y_t = sum_{s <= t} k_{t-s} x_s, one input at a time.
+
+Decoding with a long convolution must produce y_t as soon as x_t is known. Recomputing the
+product over the whole history costs O(t) per token (O(t log t) by FFT), O(L^2) in total. The
+relaxed (online) multiplication used by Flash Inference (Oncescu et al., "Flash Inference:
+Near Linear Time Inference for Long Convolution Sequence Models and Beyond", arXiv 2410.12982,
+§3) tiles the strict lower triangle of T by squares instead: once p inputs are known, with
+B = 2^v the largest power of two dividing p, the block of inputs [p - B, p) is added to the
+outputs [p, p + B), which it reaches through the lags 1 ... 2B - 1. Every (output, input) pair
+with input < output lies in exactly one such tile, every tile is complete before its first
+output is needed, and a level of size B runs L / (2B) times, so decoding L tokens costs
+O(L log^2 L) with an FFT per tile, and every output is exact (no truncation of the kernel).
+Small tiles are cheaper as a direct product.
+
+The state holds the input history and the contributions already added to future outputs
+("pending"); entries before the current position are always zero, so a state after a parallel
+prefill of P inputs (``prefill_state``) equals the state after P single steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DIRECT_TILE_MAX = 16  # tiles up to this size use the direct product: FFTs of a few points cost more than they save
+
+
+@dataclass
+class OnlineToeplitzState:
+    """inputs, pending: (batch, capacity, d); position: how many inputs have been seen."""
+
+    inputs: torch.Tensor
+    pending: torch.Tensor
+    position: int = 0
+
+
+def empty_state(batch_size: int, dim: int, *, device=None, dtype=torch.float32, capacity: int = 16) -> OnlineToeplitzState:
+    zeros = torch.zeros(batch_size, capacity, dim, device=device, dtype=dtype)
+    return OnlineToeplitzState(zeros, zeros.clone(), 0)
+
+
+def required_lags(position: int) -> int:
+    """Kernel taps (lags 0 ... n - 1) that stepping the input at ``position`` needs: n = 2 * (position + 1)."""
+    return 2 * (position + 1)
+
+
+def _tile_size(count: int) -> int:
+    """The largest power of two dividing ``count`` >= 1."""
+    return count & -count
+
+
+def _grow(state: OnlineToeplitzState, needed: int) -> None:
+    capacity = state.inputs.shape[1]
+    if needed <= capacity:
+        return
+    while capacity < needed:
+        capacity *= 2
+    pad = capacity - state.inputs.shape[1]
+    state.inputs = torch.nn.functional.pad(state.inputs, (0, 0, 0, pad))
+    state.pending = torch.nn.functional.pad(state.pending, (0, 0, 0, pad))
+
+
+class TileKernels:
+    """The kernel as each tile size needs it, computed once per size from taps (n, d) by lag.
+
+    A tile of B inputs on the B outputs after it uses the lags 1 ... 2B - 1: as a (B, B, d) matrix
+    of lags B + m - r for the direct product, or as the rfft of lags 0 ... 2B - 1 at 2B points.
+    """
+
+    def __init__(self, taps: torch.Tensor):
+        self.taps = taps
+        self._by_size: dict[int, torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return self.taps.shape[0]
+
+    def for_size(self, size: int) -> torch.Tensor:
+        if size not in self._by_size:
+            if size <= DIRECT_TILE_MAX:
+                offsets = torch.arange(size, device=self.taps.device)
+                self._by_size[size] = self.taps[size + offsets[:, None] - offsets[None, :]]
+            else:
+                self._by_size[size] = torch.fft.rfft(self.taps[: 2 * size], dim=0)
+        return self._by_size[size]
+
+
+def tile_contribution(block: torch.Tensor, kernels: TileKernels) -> torch.Tensor:
+    """c_m = sum_r block_r k_{B + m - r}, m, r in [0, B): a block of B inputs on the B outputs after it.
+
+    block: (batch, B, d). Direct for small B; otherwise a middle product by FFT at 2B points (the
+    linear convolution's entries B ... 2B - 1 do not wrap around).
+    """
+    size = block.shape[1]
+    kernel = kernels.for_size(size)
+    if size <= DIRECT_TILE_MAX:
+        return torch.einsum("brd,mrd->bmd", block, kernel.to(block.dtype))
+    product = torch.fft.rfft(block, n=2 * size, dim=1) * kernel
+    return torch.fft.irfft(product, n=2 * size, dim=1)[:, size:].to(block.dtype)
+
+
+def online_step(state: OnlineToeplitzState, x: torch.Tensor, kernels: TileKernels) -> torch.Tensor:
+    """y_t for the next input x (batch, d), updating ``state`` in place; kernels: taps >= required_lags(t)."""
+    t = state.position
+    if len(kernels) < required_lags(t):
+        raise ValueError(f"taps must cover lags 0 ... {required_lags(t) - 1} at position {t}, got {len(kernels)} rows")
+    size = _tile_size(t + 1)
+    _grow(state, t + 1 + size)
+    state.inputs[:, t] = x
+    y = state.pending[:, t] + kernels.taps[0].to(x.dtype) * x
+    state.pending[:, t] = 0.0
+    start = t + 1 - size
+    state.pending[:, t + 1 : t + 1 + size] += tile_contribution(state.inputs[:, start : t + 1], kernels)
+    state.position = t + 1
+    return y
+
+
+def prefill_state(inputs: torch.Tensor, kernels: TileKernels, *, capacity: int = 16) -> OnlineToeplitzState:
+    """The state after stepping every input of ``inputs`` (batch, P, d), built from the last tile of
+    each size (the only ones that reach past position P); the outputs come from the parallel product."""
+    batch, count, dim = inputs.shape
+    state = empty_state(batch, dim, device=inputs.device, dtype=inputs.dtype, capacity=capacity)
+    if count == 0:
+        return state
+    if len(kernels) < required_lags(count - 1):
+        raise ValueError(f"taps must cover lags 0 ... {required_lags(count - 1) - 1} for {count} inputs, got {len(kernels)} rows")
+    _grow(state, 2 * count)
+    state.inputs[:, :count] = inputs
+    size = 1
+    while size <= count:
+        end = (count // size) * size  # the last multiple of size, if size is its largest power-of-two factor
+        if end > 0 and _tile_size(end) == size and end + size > count:
+            contribution = tile_contribution(inputs[:, end - size : end], kernels)
+            state.pending[:, count : end + size] += contribution[:, count - end :]
+        size *= 2
+    state.position = count
+    return state
+
+
+def naive_online_step(history: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
+    """Reference: the output at the last position of ``history`` (batch, t + 1, d), sum_s k_{t-s} x_s."""
+    t = history.shape[1] - 1
+    return torch.einsum("bsd,sd->bd", history, taps[: t + 1].flip(0).to(history.dtype))
