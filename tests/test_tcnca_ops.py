@@ -6,7 +6,7 @@ from conftest import LENGTHS, relative_error
 
 from tokenmix.ops.attention import chunk_mask, chunked_attention, naive_attention, rotary
 from tokenmix.ops.dilated import dilated_conv, naive_dilated_conv
-from tokenmix.ops.ema import ema_kernel, naive_ema
+from tokenmix.ops.ema import ema_chunk, ema_kernel, naive_ema
 from tokenmix.ops.toeplitz import toeplitz_matvec
 
 
@@ -50,6 +50,27 @@ def test_ema_fft_convolution_equals_the_recurrence(n):
     slow = naive_ema(x, input_weight, decay, readout)
     assert relative_error(fast, slow) < 1e-12
     _gradients_agree(fast, slow, [x, input_weight, decay, readout], 1e-10)
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_ema_chunks_from_a_state_equal_the_recurrence(n):
+    """Any chunking (1-token chunks included) carries the state exactly: outputs and final state."""
+    d, ndim = 4, 3
+    input_weight, readout = torch.randn(d, ndim, dtype=torch.float64), torch.randn(d, ndim, dtype=torch.float64)
+    decay = torch.rand(d, ndim, dtype=torch.float64).mul(0.3).add(0.69)
+    x = torch.randn(2, n, d, dtype=torch.float64)
+    generator = torch.Generator().manual_seed(n)
+    state, outputs, start = x.new_zeros(2, d, ndim), [], 0
+    while start < n:
+        size = int(torch.randint(1, 9, (1,), generator=generator)) if start < n // 2 else n - start
+        y, state = ema_chunk(x[:, start : start + size], state, input_weight, decay, readout)
+        outputs.append(y)
+        start += size
+    expected_state = x.new_zeros(2, d, ndim)
+    for t in range(n):
+        expected_state = input_weight * x[:, t, :, None] + decay * expected_state
+    assert relative_error(torch.cat(outputs, dim=1), naive_ema(x, input_weight, decay, readout)) < 1e-12
+    assert relative_error(state, expected_state) < 1e-12
 
 
 def test_ema_kernel_rejects_mismatched_shapes():

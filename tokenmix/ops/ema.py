@@ -7,11 +7,15 @@ readout weights c_dj, the recurrence
 
 unrolls to a causal convolution y = k * x with k_d[l] = sum_j c_dj b_dj q_dj^l. Training applies
 it by FFT (``ops/toeplitz.py``) with the kernel generated for every lag: O(d N n + d n log n).
+A chunk that starts from a state h (decoding) adds sum_j c_j q_j^(t+1) h[j] to the chunk's own
+convolution at its position t, and leaves h' = q^k h + sum_s b q^(k-1-s) x_s after k inputs.
 """
 
 from __future__ import annotations
 
 import torch
+
+from .toeplitz import toeplitz_matvec
 
 
 def _check_ema(input_weight: torch.Tensor, decay: torch.Tensor, readout: torch.Tensor) -> None:
@@ -43,3 +47,22 @@ def naive_ema(x: torch.Tensor, input_weight: torch.Tensor, decay: torch.Tensor, 
         state = input_weight * x[:, t, :, None] + decay * state
         outputs.append((readout * state).sum(-1))
     return torch.stack(outputs, dim=1)
+
+
+def ema_chunk(
+    x: torch.Tensor, state: torch.Tensor, input_weight: torch.Tensor, decay: torch.Tensor, readout: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The recurrence over a chunk x (batch, k, d) from ``state`` (batch, d, N): (y (batch, k, d), new state).
+
+    The chunk's own convolution by FFT plus the decayed state, and the closed-form final state, in
+    O(k d N + d k log k). Coefficients (channels, ndim).
+    """
+    _check_ema(input_weight, decay, readout)
+    k = x.shape[1]
+    steps = torch.arange(k + 1, device=decay.device, dtype=decay.dtype)
+    powers = torch.exp(decay.log()[..., None] * steps)  # q^0 ... q^k, (d, N, k + 1)
+    kernel = torch.einsum("dj,djl->ld", readout * input_weight, powers[..., :k])
+    carried = torch.einsum("dj,djt,bdj->btd", readout, powers[..., 1:], state)
+    y = toeplitz_matvec(x, kernel.to(x.dtype), causal=True) + carried.to(x.dtype)
+    new_state = powers[..., k] * state + torch.einsum("dj,djs,bsd->bdj", input_weight, powers[..., :k].flip(-1), x.to(decay.dtype))
+    return y, new_state
