@@ -18,6 +18,33 @@ def test_operator_figures_for_every_toeplitz_layer(tmp_path, name):
     assert len(files) == (4 if name == "fd_tnn" else 2) and all(f.exists() for f in files)
 
 
+@pytest.mark.parametrize("name", ["tno", "fd_tno", "ski_tno", "ema"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_channel_slice_of_the_operator_is_that_slice_of_the_whole(name, causal):
+    mixer = tokenmix.build_mixer(name, 5, causal)
+    whole = mixer.operator_matrices(30)
+    part = mixer.operator_matrices(30, slice(2, 4))
+    assert part.keys() == whole.keys()
+    for title in whole:
+        torch.testing.assert_close(part[title], whole[title][2:4])
+
+
+def test_operator_pictures_build_only_the_pictured_channel(tmp_path, monkeypatch):
+    """A (dim, n, n) stack for every channel would need dim times the memory (34 GB at dim 128, n = 8192)."""
+    import tokenmix.mixers.base as base
+
+    built = []
+    original = base.naive_toeplitz_matrix
+
+    def recording(kernel, n, causal):
+        built.append(kernel.shape[1])
+        return original(kernel, n, causal)
+
+    monkeypatch.setattr(base, "naive_toeplitz_matrix", recording)
+    plot_operators(tokenmix.build_model("tnn", task="lm", vocab_size=10, dim=8, depth=1), tmp_path, n=16, channel=3)
+    assert built == [1]
+
+
 def test_ski_panels_add_up_to_the_operator():
     mixer = tokenmix.build_mixer("ski_tno", 3, rank=8)
     panels = mixer.operator_matrices(40)

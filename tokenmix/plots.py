@@ -79,7 +79,7 @@ def plot_operators(model: torch.nn.Module, out_dir, n: int = 256, channel: int =
     for index, (name, mixer) in enumerate(toeplitz_mixers(model)):
         if not 0 <= channel < mixer.dim:
             raise ValueError(f"channel must be in [0, {mixer.dim - 1}] for {name} ({mixer.dim} channels), got {channel}")
-        panels = {title: matrices[channel] for title, matrices in mixer.operator_matrices(n).items()}
+        panels = {title: matrices[0] for title, matrices in mixer.operator_matrices(n, slice(channel, channel + 1)).items()}
         fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), 4.6), squeeze=False, layout="constrained")
         for ax, (title, matrix) in zip(axes[0], panels.items(), strict=True):
             _heatmap(fig, ax, matrix, title)

@@ -77,6 +77,6 @@ class Mixer(Configurable, nn.Module):
 class ToeplitzOperator:
     """Mixin of mixers whose operator is one Toeplitz matrix per channel, given by ``kernel(n)`` by lag."""
 
-    def operator_matrices(self, n: int) -> dict[str, torch.Tensor]:
-        """Named explicit (dim, n, n) matrices of the operator at length n (tests and plots)."""
-        return {"T": naive_toeplitz_matrix(self.kernel(n), n, self.causal)}
+    def operator_matrices(self, n: int, channels: slice = slice(None)) -> dict[str, torch.Tensor]:
+        """Named explicit (channels, n, n) matrices of the operator at length n (tests and plots)."""
+        return {"T": naive_toeplitz_matrix(self.kernel(n)[:, channels], n, self.causal)}

@@ -178,22 +178,23 @@ class SkiTno(Mixer):
         return self._causal_basis(n, self.band.device) @ self._causal_values()
 
     # -- explicit matrices (tests and plots) ---------------------------------------------------------
-    def sparse_matrix(self, n: int) -> torch.Tensor:
-        """The band part, (dim, n, n)."""
-        return naive_band_matrix(self.taps, n, self.min_lag)
+    def sparse_matrix(self, n: int, channels: slice = slice(None)) -> torch.Tensor:
+        """The band part, (channels, n, n)."""
+        return naive_band_matrix(self.taps[channels], n, self.min_lag)
 
-    def low_rank_matrix(self, n: int) -> torch.Tensor:
-        """W A W^T (bidirectional) or the causal smooth Toeplitz part, (dim, n, n)."""
+    def low_rank_matrix(self, n: int, channels: slice = slice(None)) -> torch.Tensor:
+        """W A W^T (bidirectional) or the causal smooth Toeplitz part, (channels, n, n)."""
         if self.causal:
-            return naive_toeplitz_matrix(self.smooth_kernel(relative_lags(n, True, self.band.device)), n, causal=True)
-        return naive_ski_matrix(self._dense(n, self.band.device, self.band.dtype), toeplitz_blocks(self.inducing_kernel(n)))
+            return naive_toeplitz_matrix(self.smooth_kernel(relative_lags(n, True, self.band.device))[:, channels], n, causal=True)
+        blocks = toeplitz_blocks(self.inducing_kernel(n)[:, channels])
+        return naive_ski_matrix(self._dense(n, self.band.device, self.band.dtype), blocks)
 
     def matrix(self, n: int) -> torch.Tensor:
         return self.sparse_matrix(n) + self.low_rank_matrix(n)
 
-    def operator_matrices(self, n: int) -> dict[str, torch.Tensor]:
-        """The band, the smooth part (bidirectional: low rank W A W^T) and their sum, each (dim, n, n)."""
-        sparse, smooth = self.sparse_matrix(n), self.low_rank_matrix(n)
+    def operator_matrices(self, n: int, channels: slice = slice(None)) -> dict[str, torch.Tensor]:
+        """The band, the smooth part (bidirectional: low rank W A W^T) and their sum, each (channels, n, n)."""
+        sparse, smooth = self.sparse_matrix(n, channels), self.low_rank_matrix(n, channels)
         smooth_title = "RPE(x(k)) (smooth, causal)" if self.causal else "W A W^T (low rank)"
         return {"band (sparse)": sparse, smooth_title: smooth, "sum": sparse + smooth}
 
