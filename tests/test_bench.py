@@ -189,6 +189,7 @@ def test_cases_skip_modes_a_mixer_or_model_lacks():
         (["--kinds", "mixer,nonsense"], "kinds"),
         (["--mixers", "nope"], "mixer name"),
         (["--models", "nope", "--kinds", "model"], "model name"),
+        (["--mixers", "tcn", "--kinds", "mixer", "-o", "tnc.kernel_size=17"], "'tnc' is not among the benchmarked names ['tcn']"),
     ],
 )
 def test_bad_bench_arguments(arguments, message, capsys):

@@ -51,11 +51,16 @@ def test_unknown_model_option_lists_the_accepted_ones(text_file, tmp_path, capsy
         (["--device", "cuda:7"], "not available"),
         (["--device", "tpu"], "device must be"),
         (["--model", "lstm"], "name must be one of"),
+        (["--beta1", "1"], "beta1 must be a finite number >= 0 and < 1, got 1.0"),
+        (["--out", "README.md"], "is a file; give a folder for the run"),
     ],
 )
 def test_bad_train_settings_are_one_line_each(text_file, tmp_path, capsys, flags, message):
-    error = usage_error(["train", "--data", text_file, *flags, "--out", str(tmp_path / "x")], capsys)
+    (tmp_path / "README.md").write_text("a file, not a run folder")
+    flags = [str(tmp_path / flag) if flag == "README.md" else flag for flag in flags]
+    error = usage_error(["train", "--data", text_file, "--out", str(tmp_path / "x"), *flags], capsys)
     assert message in error and error.count("\n") == 1
+    assert (tmp_path / "README.md").read_text() == "a file, not a run folder"
 
 
 @pytest.mark.parametrize(
@@ -77,11 +82,19 @@ def test_bad_train_settings_are_one_line_each(text_file, tmp_path, capsys, flags
         ("plot", ["--length", "0"], "--length: must be an integer >= 1"),
         ("plot", ["--channel", "-1"], "--channel: must be an integer >= 0"),
         ("plot", ["--channel", "9999"], "--channel must be in [0, 23]"),
+        ("plot", ["--out", "README.md"], "--out"),
     ],
 )
 def test_bad_arguments_of_eval_generate_plot(run, capsys, command, flags, message, tmp_path):
-    extra = ["--out", str(tmp_path / "plots")] if command == "plot" else []
+    (tmp_path / "README.md").write_text("a file, not a folder")
+    flags = [str(tmp_path / flag) if flag == "README.md" else flag for flag in flags]
+    extra = ["--out", str(tmp_path / "plots")] if command == "plot" and "--out" not in flags else []
     assert message in usage_error([command, str(run), *flags, *extra], capsys)
+
+
+def test_plot_without_a_run_refuses_a_channel_and_eval_refuses_empty_lengths(run, tmp_path, capsys):
+    assert "--channel applies to a run's operator heatmaps" in usage_error(["plot", "--channel", "3", "--out", str(tmp_path)], capsys)
+    assert "lengths must be comma-separated integers" in usage_error(["eval", str(run), "--lengths", "512,,1024"], capsys)
 
 
 def test_eval_json_into_a_new_folder_is_written(run, tmp_path):
@@ -104,6 +117,11 @@ def test_compare_refuses_a_file_that_is_not_a_bench_output(run, tmp_path, capsys
     (tmp_path / "list.json").write_text(json.dumps([{"length": 1}]))
     for other in ("eval.json", "list.json"):
         assert "not a `tokenmix bench --output` file" in usage_error(["compare", str(tmp_path / other), str(tmp_path / other)], capsys)
+    record = {"mixer": "tno", "causal": False, "length": 8, "forward_ms": 1.0}
+    for times in ({"forward_backward_ms": 0}, {"forward_backward_ms": "fast"}):
+        (tmp_path / "edited.json").write_text(json.dumps([{**record, **times}]))
+        path = str(tmp_path / "edited.json")
+        assert "not positive numbers" in usage_error(["compare", path, path], capsys)
 
 
 def test_an_internal_value_error_keeps_its_traceback(run, monkeypatch):
@@ -138,6 +156,13 @@ def test_checkpoint_with_another_task_cannot_generate(text_file, tmp_path, capsy
     out = tmp_path / "mlm"
     assert main(["train", "--data", text_file, *SIZES, "--steps", "1", "--task", "mlm", "-o", "rpe_dim=4", "--out", str(out)]) == 0
     assert "causal LM checkpoint" in usage_error(["generate", str(out)], capsys)
+
+
+def test_a_recall_run_cannot_generate_text(tmp_path, capsys):
+    out = tmp_path / "recall"
+    recall = ["--data", "assoc-recall", "--seq-len", "16", "--dim", "8", "--depth", "1", "--batch-size", "2", "--steps", "1"]
+    assert main(["train", *recall, "--eval-every", "1", "--out", str(out)]) == 0
+    assert "generate reads and writes text as bytes (vocabulary 256)" in usage_error(["generate", str(out), "--prompt", "12"], capsys)
 
 
 def test_library_errors_name_the_argument():

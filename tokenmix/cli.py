@@ -66,7 +66,7 @@ TRAIN_HELP = {
 
 def _add_threads_and_device(parser, device_default: str = "cpu") -> None:
     parser.add_argument("--threads", type=integer(1), default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--device", default=device_default, help=f"cpu, cuda or cuda:N (default: {device_default})")
+    parser.add_argument("--device", default=device_default, help=f"{TRAIN_HELP['device']} (default: {device_default})")
 
 
 def _use_threads(args) -> None:
@@ -95,7 +95,7 @@ def _add_train(subparsers) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a model or mixer option, e.g. -o decay=1.0 -o rpe_layers=1 (README lists each model's options)",
+        help="a model or mixer option, e.g. -o decay=1.0 -o rpe_layers=1 (docs/options.md lists every model's and mixer's options)",
     )
     run = parser.add_mutually_exclusive_group()
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint (its settings are kept)")
@@ -256,9 +256,14 @@ def printable(data: bytes) -> str:
 def run_generate(args) -> int:
     with user_input():
         _use_threads(args)
-        model, _ = model_from_checkpoint(args.checkpoint, args.device)
+        model, train_config = model_from_checkpoint(args.checkpoint, args.device)
         if model.config.task != "lm":
             raise ValueError(f"generate needs a causal LM checkpoint (task 'lm'); {args.checkpoint!r} is task {model.config.task!r}")
+        if model.config.vocab_size != BYTE_VOCAB:
+            raise ValueError(
+                f"generate reads and writes text as bytes (vocabulary {BYTE_VOCAB}); {args.checkpoint!r} was trained on "
+                f"{train_config['data']!r} with vocabulary {model.config.vocab_size}"
+            )
         prompt = torch.tensor(list(args.prompt.encode()), dtype=torch.long)
         if prompt.numel() == 0:
             raise ValueError("--prompt must not be empty")
@@ -273,7 +278,7 @@ def _add_plot(subparsers) -> None:
     parser.add_argument("run", nargs="?", help="checkpoint.pt or its run directory; without it: random FD RPEs")
     parser.add_argument("--out", default="plots", help="output directory, created (default: plots)")
     parser.add_argument("--length", type=integer(1), default=256, help="sequence length of the pictured operators (default: 256)")
-    parser.add_argument("--channel", type=integer(0), default=0, help="channel pictured in the operator heatmaps (default: 0)")
+    parser.add_argument("--channel", type=integer(0), help="channel pictured in a run's operator heatmaps (default: 0)")
     parser.set_defaults(handler=run_plot)
 
 
@@ -281,16 +286,20 @@ def run_plot(args) -> int:
     from .plots import plot_fd_responses, plot_operators, toeplitz_mixers
 
     with user_input():
+        check_output_path(args.out, "--out", directory=True)
         if args.run is None:
+            if args.channel is not None:
+                raise ValueError("--channel applies to a run's operator heatmaps: give RUN, or leave --channel out")
             files = [plot_fd_responses(f"{args.out}/fd_responses_random.png", n=args.length)]
         else:
+            channel = args.channel or 0
             model, _ = model_from_checkpoint(args.run)
             mixers = toeplitz_mixers(model)
             channels = min(mixer.dim for _, mixer in mixers)
-            if args.channel >= channels:
+            if channel >= channels:
                 raise ValueError(f"--channel must be in [0, {channels - 1}]: the pictured mixers have {channels} channels")
     if args.run is not None:
-        files = plot_operators(model, args.out, n=args.length, channel=args.channel)
+        files = plot_operators(model, args.out, n=args.length, channel=channel)
     print("\n".join(map(str, files)))
     return 0
 

@@ -11,7 +11,7 @@ from pathlib import Path
 def parse_lengths(text: str) -> list[int]:
     """Comma-separated positive integers, e.g. ``512,1024``."""
     try:
-        lengths = [int(part) for part in text.split(",") if part]
+        lengths = [int(part) for part in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"lengths must be comma-separated integers, got {text!r}") from None
     if not lengths or min(lengths) < 1:

@@ -20,14 +20,24 @@ def check_int(value, argument: str, minimum: int = 1, maximum: int | None = None
     return value
 
 
-def check_number(value, argument: str, minimum: float | None = None, maximum: float | None = None, *, open_minimum: bool = False) -> float:
+def check_number(
+    value,
+    argument: str,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    *,
+    open_minimum: bool = False,
+    open_maximum: bool = False,
+) -> float:
     """``value`` must be a finite real number (not a bool) within the bounds; returns it as float."""
     bad = isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
     if not bad:
-        bad = (minimum is not None and (value <= minimum if open_minimum else value < minimum)) or (maximum is not None and value > maximum)
+        below = minimum is not None and (value <= minimum if open_minimum else value < minimum)
+        above = maximum is not None and (value >= maximum if open_maximum else value > maximum)
+        bad = below or above
     if bad:
         low = "" if minimum is None else f"{'>' if open_minimum else '>='} {minimum}"
-        high = "" if maximum is None else f"<= {maximum}"
+        high = "" if maximum is None else f"{'<' if open_maximum else '<='} {maximum}"
         bounds = " and ".join(part for part in (low, high) if part)
         raise ValueError(f"{argument} must be a finite number{' ' + bounds if bounds else ''}, got {value!r}")
     return float(value)

@@ -44,7 +44,7 @@ def add_bench(subparsers) -> None:
     parser.add_argument("--batch-tokens", type=integer(1), default=4096, help="batch = max(1, batch_tokens // length) (default: 4096)")
     parser.add_argument("--causal", choices=["both", "yes", "no"], default="both", help="directions measured (default: both)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="dtype of modules and inputs (default: float32)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
+    parser.add_argument("--device", default="cpu", help="auto (CUDA when available), cpu or cuda[:N] (default: cpu)")
     parser.add_argument(
         "--repeats", type=integer(1), default=None, help="timed repeats after 2 warm-up calls; the median is kept (default: 7; --quick: 3)"
     )
@@ -97,6 +97,11 @@ def bench_cases(args) -> list[Case]:
     unknown = sorted(set(args.kinds) - set(KINDS))
     if unknown:
         raise ValueError(f"kinds must be among {list(KINDS)}, got {unknown}")
+    benchmarked = {name for kind in args.kinds for name in (args.mixers if kind == "mixer" else args.models)}
+    for key, _ in args.option:
+        scope = key.rpartition(".")[0]
+        if scope and scope not in benchmarked:
+            raise ValueError(f"-o {key}: {scope!r} is not among the benchmarked names {sorted(benchmarked)}")
     cases = []
     for kind in KINDS:
         if kind not in args.kinds:
@@ -192,6 +197,11 @@ def read_records(path: str) -> list[dict]:
     required = {"mixer", "causal", "length", "forward_ms", "forward_backward_ms"}  # "kind" came later: default "mixer"
     if not isinstance(records, list) or not all(isinstance(r, dict) and required <= set(r) for r in records):
         raise ValueError(f"{path!r} is not a `tokenmix bench --output` file: expected a list of records with {sorted(required)}")
+    for record in records:
+        times = [record[field] for field in ("forward_ms", "forward_backward_ms")]
+        if not record.get("error") and not all(isinstance(time, (int, float)) and time > 0 for time in times):
+            name, length = record["mixer"], record["length"]
+            raise ValueError(f"{path!r}: the record of {name!r} at length {length} has times {times}, not positive numbers")
     return records
 
 

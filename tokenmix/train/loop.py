@@ -123,7 +123,7 @@ class TrainConfig:
         check_number(self.grad_clip, "grad_clip (0 turns clipping off)", 0)
         check_number(self.dropout, "dropout", 0, 1)
         for name in ("beta1", "beta2"):
-            check_number(getattr(self, name), name, 0, 1)
+            check_number(getattr(self, name), name, 0, 1, open_maximum=True)  # Adam's betas lie in [0, 1)
         parse_interval(self.save_every)
         if not isinstance(self.options, dict):
             raise ValueError(f"options must be a dict of model options, got {type(self.options).__name__}")

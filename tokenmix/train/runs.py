@@ -27,7 +27,9 @@ def existing_run_files(out: Path) -> list[str]:
 
 
 def check_directory(out: Path, overwrite: bool) -> None:
-    """ValueError if ``out`` holds a run and ``overwrite`` is False (read only: every rank may ask)."""
+    """ValueError if ``out`` is a file, or holds a run and ``overwrite`` is False (read only: every rank may ask)."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {str(out)!r} is a file; give a folder for the run")
     found = existing_run_files(out)
     if found and not overwrite:
         raise ValueError(
