@@ -13,6 +13,7 @@ last good checkpoint in place. Run directories follow ``runs.py``: never two run
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import signal
@@ -461,6 +462,8 @@ class Trainer:
 
     def close(self) -> None:
         """Leave the process group. The DDP wrapper goes first, while its communicator is alive:
-        gloo work it still held when freed at interpreter exit aborted a rank now and then."""
+        gloo work it still held when freed at interpreter exit aborted a rank now and then. It sits in
+        reference cycles, so dropping the reference is not enough: collect it now."""
         self.trained = self.model
+        gc.collect()
         self.context.close()
