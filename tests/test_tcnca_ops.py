@@ -5,7 +5,7 @@ import torch
 from conftest import LENGTHS, relative_error
 
 from tokenmix.ops.attention import chunk_mask, chunked_attention, naive_attention, rotary
-from tokenmix.ops.dilated import dilated_conv, naive_dilated_conv
+from tokenmix.ops.dilated import causal_dilated_chunk, dilated_conv, naive_dilated_conv
 from tokenmix.ops.ema import ema_chunk, ema_kernel, naive_ema
 from tokenmix.ops.toeplitz import toeplitz_matvec
 
@@ -36,6 +36,22 @@ def test_dilated_conv_rejects_bad_arguments():
         dilated_conv(x, torch.randn(4, 5), 2, 0)
     with pytest.raises(ValueError, match="min_lag"):
         dilated_conv(x, torch.randn(3, 5), 2, 1)
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("dilation", [1, 4, 64])
+def test_causal_dilated_chunks_from_a_history_equal_the_whole_convolution(n, dilation):
+    taps, x = torch.randn(3, 5, dtype=torch.float64), torch.randn(2, n, 3, dtype=torch.float64)
+    history, outputs, start = x.new_zeros(2, 4 * dilation, 3), [], 0
+    generator = torch.Generator().manual_seed(n)
+    while start < n:
+        size = int(torch.randint(1, 9, (1,), generator=generator)) if start < n // 2 else n - start
+        y, history = causal_dilated_chunk(x[:, start : start + size], history, taps, dilation)
+        outputs.append(y)
+        start += size
+    assert relative_error(torch.cat(outputs, dim=1), naive_dilated_conv(x, taps, dilation, 0)) < 1e-12
+    with pytest.raises(ValueError, match="history must hold the last"):
+        causal_dilated_chunk(x[:, :1], history[:, 1:], taps, dilation)
 
 
 @pytest.mark.parametrize("n", LENGTHS)

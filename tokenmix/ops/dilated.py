@@ -39,3 +39,18 @@ def naive_dilated_conv(x: torch.Tensor, taps: torch.Tensor, dilation: int, min_l
         else:
             y[:, :shift] = y[:, :shift] + taps[:, k] * x[:, -shift:]
     return y
+
+
+def causal_dilated_chunk(x: torch.Tensor, history: torch.Tensor, taps: torch.Tensor, dilation: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The causal convolution (min_lag 0) of a chunk x (batch, k, d) that follows ``history``, the last
+    (K - 1) * dilation inputs before it (zeros at the start): (y (batch, k, d), the history after x).
+
+    Decoding: O(K k d) per chunk, whatever the position.
+    """
+    span = (taps.shape[1] - 1) * dilation
+    if history.shape[1] != span:
+        raise ValueError(f"history must hold the last (K - 1) * dilation = {span} inputs, got {history.shape[1]}")
+    window = torch.cat([history, x], dim=1)
+    k = x.shape[1]
+    y = sum(taps[:, j] * window[:, span - j * dilation : span - j * dilation + k] for j in range(taps.shape[1]))
+    return y, window[:, k:]
