@@ -34,3 +34,13 @@ def assert_causal_gradient(grad: torch.Tensor, position: int, tolerance: float =
     future = grad[:, position + 1 :].abs().max() if grad.shape[1] > position + 1 else torch.tensor(0.0)
     assert past > 0
     assert future <= tolerance * past, f"gradient leaks to the future: {float(future):.3g} vs {float(past):.3g}"
+
+
+def random_chunks(n: int, seed: int = 0) -> list[slice]:
+    """Consecutive slices covering range(n): sizes 1 to 8 over the first half, then one chunk for the rest."""
+    generator, chunks, start = torch.Generator().manual_seed(seed), [], 0
+    while start < n:
+        size = int(torch.randint(1, 9, (1,), generator=generator)) if start < n // 2 else n - start
+        chunks.append(slice(start, start + size))
+        start += size
+    return chunks

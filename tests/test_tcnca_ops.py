@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import LENGTHS, relative_error
+from conftest import LENGTHS, random_chunks, relative_error
 
 from tokenmix.ops.attention import chunk_mask, chunked_attention, naive_attention, rotary
 from tokenmix.ops.dilated import causal_dilated_chunk, dilated_conv, naive_dilated_conv
@@ -42,13 +42,10 @@ def test_dilated_conv_rejects_bad_arguments():
 @pytest.mark.parametrize("dilation", [1, 4, 64])
 def test_causal_dilated_chunks_from_a_history_equal_the_whole_convolution(n, dilation):
     taps, x = torch.randn(3, 5, dtype=torch.float64), torch.randn(2, n, 3, dtype=torch.float64)
-    history, outputs, start = x.new_zeros(2, 4 * dilation, 3), [], 0
-    generator = torch.Generator().manual_seed(n)
-    while start < n:
-        size = int(torch.randint(1, 9, (1,), generator=generator)) if start < n // 2 else n - start
-        y, history = causal_dilated_chunk(x[:, start : start + size], history, taps, dilation)
+    history, outputs = x.new_zeros(2, 4 * dilation, 3), []
+    for chunk in random_chunks(n, seed=n):
+        y, history = causal_dilated_chunk(x[:, chunk], history, taps, dilation)
         outputs.append(y)
-        start += size
     assert relative_error(torch.cat(outputs, dim=1), naive_dilated_conv(x, taps, dilation, 0)) < 1e-12
     with pytest.raises(ValueError, match="history must hold the last"):
         causal_dilated_chunk(x[:, :1], history[:, 1:], taps, dilation)
@@ -75,13 +72,10 @@ def test_ema_chunks_from_a_state_equal_the_recurrence(n):
     input_weight, readout = torch.randn(d, ndim, dtype=torch.float64), torch.randn(d, ndim, dtype=torch.float64)
     decay = torch.rand(d, ndim, dtype=torch.float64).mul(0.3).add(0.69)
     x = torch.randn(2, n, d, dtype=torch.float64)
-    generator = torch.Generator().manual_seed(n)
-    state, outputs, start = x.new_zeros(2, d, ndim), [], 0
-    while start < n:
-        size = int(torch.randint(1, 9, (1,), generator=generator)) if start < n // 2 else n - start
-        y, state = ema_chunk(x[:, start : start + size], state, input_weight, decay, readout)
+    state, outputs = x.new_zeros(2, d, ndim), []
+    for chunk in random_chunks(n, seed=n):
+        y, state = ema_chunk(x[:, chunk], state, input_weight, decay, readout)
         outputs.append(y)
-        start += size
     expected_state = x.new_zeros(2, d, ndim)
     for t in range(n):
         expected_state = input_weight * x[:, t, :, None] + decay * expected_state
