@@ -23,11 +23,13 @@ from dataclasses import dataclass
 
 import torch
 
+from ..state import StreamState
+
 DIRECT_TILE_MAX = 16  # tiles up to this size use the direct product: FFTs of a few points cost more than they save
 
 
 @dataclass
-class OnlineToeplitzState:
+class OnlineToeplitzState(StreamState):
     """inputs, pending: (batch, capacity, d); position: how many inputs have been seen."""
 
     inputs: torch.Tensor

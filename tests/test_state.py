@@ -1,0 +1,58 @@
+"""Streaming states: move, select rows, report size, whatever they nest."""
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from tokenmix.ops.online_toeplitz import OnlineToeplitzState, empty_state
+from tokenmix.state import StreamState
+
+
+@dataclass
+class _Block(StreamState):
+    """A block's state as blocks will hold them: a part's state, a list of tensors, a position."""
+
+    mixer: OnlineToeplitzState
+    caches: list = field(default_factory=list)
+    tokens: torch.Tensor | None = None
+    position: int = 0
+
+
+def _block(batch=3):
+    mixer = empty_state(batch, 4, capacity=8)
+    mixer.inputs.copy_(torch.arange(batch, dtype=torch.float32)[:, None, None].expand_as(mixer.inputs))
+    caches = [torch.randn(batch, 2, 5), torch.randn(batch, 7)]
+    return _Block(mixer, caches, torch.arange(batch)[:, None].repeat(1, 2), position=11)
+
+
+def test_select_keeps_the_chosen_rows_of_every_tensor_in_order():
+    state = _block()
+    chosen = state.select([2, 0, 0])
+    assert chosen.mixer.inputs[:, 0, 0].tolist() == [2.0, 0.0, 0.0]
+    assert torch.equal(chosen.caches[0], state.caches[0][[2, 0, 0]]) and torch.equal(chosen.tokens[:, 0], torch.tensor([2, 0, 0]))
+    assert chosen.position == 11 and chosen.mixer.position == state.mixer.position and chosen.batch_size == 3
+    assert state.batch_size == 3 and state.mixer.inputs[:, 0, 0].tolist() == [0.0, 1.0, 2.0]  # the original is untouched
+
+
+def test_to_converts_floating_tensors_only_and_nbytes_counts_every_tensor():
+    state = _block()
+    double = state.to(dtype=torch.float64)
+    assert double.mixer.pending.dtype == torch.float64 and double.caches[1].dtype == torch.float64
+    assert double.tokens.dtype == torch.long
+    floats = 2 * 3 * 8 * 4 + 3 * 2 * 5 + 3 * 7
+    assert state.nbytes() == 4 * floats + 8 * 3 * 2
+    assert double.nbytes() == 8 * floats + 8 * 3 * 2
+
+
+def test_bad_rows_and_mixed_batch_sizes_are_refused():
+    state = _block()
+    with pytest.raises(ValueError, match=r"row numbers in \[0, 3\)"):
+        state.select([3])
+    with pytest.raises(ValueError, match=r"row numbers in \[0, 3\)"):
+        state.select([-1])
+    with pytest.raises(ValueError, match="1-D"):
+        state.select([[0]])
+    state.caches.append(torch.zeros(4, 1))
+    with pytest.raises(ValueError, match=r"share one batch size, got \[3, 4\]"):
+        state.select([0])

@@ -1,0 +1,74 @@
+"""Streaming states: small dataclasses of tensors that decoding carries from one chunk to the next.
+
+A state's fields are tensors with the batch first, positions (ints), or nested states (a block
+holds its parts' states; a model a list of its blocks'). ``StreamState`` gives every such
+dataclass the three things generation needs without knowing what is inside: move it to a device
+(``to``), keep some rows of the batch, in any order (``select``, for batched generation and beam
+search), and say how much memory it holds (``nbytes``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TypeVar
+
+import torch
+
+S = TypeVar("S", bound="StreamState")
+
+
+def _map(value, tensor_fn):
+    """``value`` with every tensor inside replaced by ``tensor_fn(tensor)`` (states, lists and tuples walked)."""
+    if isinstance(value, torch.Tensor):
+        return tensor_fn(value)
+    if isinstance(value, StreamState):
+        return dataclasses.replace(value, **{f.name: _map(getattr(value, f.name), tensor_fn) for f in dataclasses.fields(value)})
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map(item, tensor_fn) for item in value)
+    return value
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, StreamState):
+        for field in dataclasses.fields(value):
+            yield from _tensors(getattr(value, field.name))
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+
+
+@dataclasses.dataclass
+class StreamState:
+    """Base of every streaming state dataclass (fields: batch-first tensors, ints, nested states)."""
+
+    def to(self: S, device=None, dtype: torch.dtype | None = None) -> S:
+        """A copy on ``device``; ``dtype`` converts the floating point tensors only."""
+
+        def move(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor.to(device=device, dtype=dtype if dtype is not None and tensor.is_floating_point() else None)
+
+        return _map(self, move)
+
+    def select(self: S, index: torch.Tensor | list[int]) -> S:
+        """The state of the batch rows ``index`` (a 1-D tensor or list of row numbers, repeats allowed)."""
+        index = torch.as_tensor(index, dtype=torch.long)
+        if index.dim() != 1:
+            raise ValueError(f"index must be 1-D row numbers, got shape {tuple(index.shape)}")
+        size = self.batch_size
+        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= size):
+            raise ValueError(f"index must hold row numbers in [0, {size}), got {index.tolist()}")
+        return _map(self, lambda tensor: tensor.index_select(0, index.to(tensor.device)))
+
+    def nbytes(self) -> int:
+        """Bytes held by the state's tensors."""
+        return sum(tensor.numel() * tensor.element_size() for tensor in _tensors(self))
+
+    @property
+    def batch_size(self) -> int:
+        """The batch size: the first dimension shared by every tensor (ValueError if they disagree)."""
+        sizes = {tensor.shape[0] for tensor in _tensors(self)}
+        if len(sizes) != 1:
+            raise ValueError(f"a state's tensors must share one batch size, got {sorted(sizes)}")
+        return sizes.pop()
