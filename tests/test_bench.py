@@ -2,6 +2,7 @@ import json
 from argparse import Namespace
 
 import pytest
+import torch
 
 from tokenmix.bench import MEASUREMENT_FIELDS, Case, measure
 from tokenmix.bench import cli as bench_cli
@@ -131,6 +132,33 @@ def test_a_failed_case_is_reported_and_the_others_kept(tmp_path, capsys, monkeyp
     assert [r["error"] for r in records] == [None, "RuntimeError: out of memory"]
     assert records[1]["forward_ms"] is None and "out of memory" in capsys.readouterr().out
     assert "failed: RuntimeError: out of memory" in report.read_text()
+
+
+def test_auto_device_is_resolved_before_the_cases_are_built(tmp_path):
+    output = tmp_path / "bench.json"
+    assert (
+        main(
+            [
+                "bench",
+                "--device",
+                "auto",
+                "--mixers",
+                "fnet",
+                "--kinds",
+                "mixer",
+                "--causal",
+                "no",
+                "--lengths",
+                "8",
+                *SIZES,
+                "--output",
+                str(output),
+            ]
+        )
+        == 0
+    )
+    (record,) = json.loads(output.read_text())
+    assert record["device"] == ("cuda" if torch.cuda.is_available() else "cpu") and record["forward_ms"] > 0
 
 
 def test_a_crashing_worker_becomes_a_record():

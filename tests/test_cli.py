@@ -93,7 +93,8 @@ def test_bad_arguments_of_eval_generate_plot(run, capsys, command, flags, messag
 
 
 def test_plot_without_a_run_refuses_a_channel_and_eval_refuses_empty_lengths(run, tmp_path, capsys):
-    assert "--channel applies to a run's operator heatmaps" in usage_error(["plot", "--channel", "3", "--out", str(tmp_path)], capsys)
+    assert "--channel applies to a run's operator heatmaps" in usage_error(["plot", "--channel", "3", "--out", str(tmp_path / "p")], capsys)
+    assert not (tmp_path / "p").exists()  # a refused command leaves nothing behind
     assert "lengths must be comma-separated integers" in usage_error(["eval", str(run), "--lengths", "512,,1024"], capsys)
 
 

@@ -66,6 +66,13 @@ def test_a_prefill_leaves_the_state_of_as_many_steps(n):
     assert relative_error(continued, naive_toeplitz_matvec(x, taps[: n + 50], causal=True)[:, n:]) < 1e-12
 
 
+def test_float32_stepping_stays_within_float32_round_off():
+    x, taps = (tensor.float() for tensor in _inputs(300))
+    outputs, _ = _stepped(x, taps)
+    assert outputs.dtype == torch.float32
+    assert relative_error(outputs.double(), naive_toeplitz_matvec(x.double(), taps[:300].double(), causal=True)) < 1e-5
+
+
 def test_taps_that_do_not_reach_far_enough_are_refused():
     x, taps = _inputs(10)
     state = empty_state(2, 3, dtype=torch.float64)
@@ -73,3 +80,10 @@ def test_taps_that_do_not_reach_far_enough_are_refused():
         online_step(state, x[:, 0], TileKernels(taps[:1]))
     with pytest.raises(ValueError, match="for 10 inputs"):
         prefill_state(x, TileKernels(taps[:5]))
+
+
+def test_bad_capacities_and_complex_taps_are_refused():
+    with pytest.raises(ValueError, match="capacity must be an integer >= 1"):
+        empty_state(1, 3, capacity=0)
+    with pytest.raises(ValueError, match="real floating point"):
+        TileKernels(torch.randn(8, 3, dtype=torch.complex64))

@@ -45,6 +45,14 @@ def test_to_converts_floating_tensors_only_and_nbytes_counts_every_tensor():
     assert double.nbytes() == 8 * floats + 8 * 3 * 2
 
 
+def test_to_returns_a_copy_even_when_nothing_moves():
+    state = _block()
+    copy = state.to()
+    copy.mixer.inputs.add_(1.0)
+    copy.caches[0].zero_()
+    assert state.mixer.inputs[:, 0, 0].tolist() == [0.0, 1.0, 2.0] and state.caches[0].abs().sum() > 0
+
+
 def test_bad_rows_and_mixed_batch_sizes_are_refused():
     state = _block()
     with pytest.raises(ValueError, match=r"row numbers in \[0, 3\)"):
@@ -53,6 +61,8 @@ def test_bad_rows_and_mixed_batch_sizes_are_refused():
         state.select([-1])
     with pytest.raises(ValueError, match="1-D"):
         state.select([[0]])
+    with pytest.raises(ValueError, match="integer row numbers, got dtype torch.bool"):
+        state.select(torch.tensor([True, False, True]))
     state.caches.append(torch.zeros(4, 1))
     with pytest.raises(ValueError, match=r"share one batch size, got \[3, 4\]"):
         state.select([0])

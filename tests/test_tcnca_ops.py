@@ -49,6 +49,9 @@ def test_causal_dilated_chunks_from_a_history_equal_the_whole_convolution(n, dil
     assert relative_error(torch.cat(outputs, dim=1), naive_dilated_conv(x, taps, dilation, 0)) < 1e-12
     with pytest.raises(ValueError, match="history must hold the last"):
         causal_dilated_chunk(x[:, :1], history[:, 1:], taps, dilation)
+    assert history.untyped_storage().nbytes() == history.numel() * history.element_size()  # not a view of the window
+    with pytest.raises(ValueError, match="dilation must be an integer >= 1"):
+        causal_dilated_chunk(x[:, :1], history, taps, 0)
 
 
 @pytest.mark.parametrize("n", LENGTHS)
@@ -81,6 +84,12 @@ def test_ema_chunks_from_a_state_equal_the_recurrence(n):
         expected_state = input_weight * x[:, t, :, None] + decay * expected_state
     assert relative_error(torch.cat(outputs, dim=1), naive_ema(x, input_weight, decay, readout)) < 1e-12
     assert relative_error(state, expected_state) < 1e-12
+
+
+def test_an_ema_chunk_takes_a_state_in_another_dtype():
+    coefficients = [torch.rand(4, 3) * 0.5 + 0.25 for _ in range(3)]
+    y, state = ema_chunk(torch.randn(2, 5, 4, dtype=torch.float64), torch.randn(2, 4, 3, dtype=torch.float64), *coefficients)
+    assert y.dtype == torch.float64 and state.dtype == torch.float32  # the state follows the coefficients
 
 
 def test_ema_kernel_rejects_mismatched_shapes():

@@ -286,10 +286,10 @@ def run_plot(args) -> int:
     from .plots import plot_fd_responses, plot_operators, toeplitz_mixers
 
     with user_input():
-        check_output_path(args.out, "--out", directory=True)
         if args.run is None:
             if args.channel is not None:
                 raise ValueError("--channel applies to a run's operator heatmaps: give RUN, or leave --channel out")
+            check_output_path(args.out, "--out", directory=True)
             files = [plot_fd_responses(f"{args.out}/fd_responses_random.png", n=args.length)]
         else:
             channel = args.channel or 0
@@ -298,6 +298,7 @@ def run_plot(args) -> int:
             channels = min(mixer.dim for _, mixer in mixers)
             if channel >= channels:
                 raise ValueError(f"--channel must be in [0, {channels - 1}]: the pictured mixers have {channels} channels")
+            check_output_path(args.out, "--out", directory=True)
     if args.run is not None:
         files = plot_operators(model, args.out, n=args.length, channel=channel)
     print("\n".join(map(str, files)))

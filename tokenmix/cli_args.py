@@ -14,7 +14,7 @@ def parse_lengths(text: str) -> list[int]:
         lengths = [int(part) for part in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"lengths must be comma-separated integers, got {text!r}") from None
-    if not lengths or min(lengths) < 1:
+    if min(lengths) < 1:
         raise argparse.ArgumentTypeError(f"lengths must be positive integers, got {text!r}")
     return lengths
 

@@ -47,13 +47,16 @@ class StreamState:
         """A copy on ``device``; ``dtype`` converts the floating point tensors only."""
 
         def move(tensor: torch.Tensor) -> torch.Tensor:
-            return tensor.to(device=device, dtype=dtype if dtype is not None and tensor.is_floating_point() else None)
+            return tensor.to(device=device, dtype=dtype if dtype is not None and tensor.is_floating_point() else None, copy=True)
 
         return _map(self, move)
 
     def select(self: S, index: torch.Tensor | list[int]) -> S:
         """The state of the batch rows ``index`` (a 1-D tensor or list of row numbers, repeats allowed)."""
-        index = torch.as_tensor(index, dtype=torch.long)
+        index = torch.as_tensor(index)
+        if index.dtype == torch.bool or index.is_floating_point():
+            raise ValueError(f"index must be integer row numbers, got dtype {index.dtype} (for a bool mask, pass mask.nonzero()[:, 0])")
+        index = index.long()
         if index.dim() != 1:
             raise ValueError(f"index must be 1-D row numbers, got shape {tuple(index.shape)}")
         size = self.batch_size

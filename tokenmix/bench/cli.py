@@ -145,6 +145,7 @@ def run_bench(args) -> int:
     with user_input():
         apply_presets(args)
         device = resolve_device(args.device)
+        args.device = str(device)  # the cases (and their worker processes) get the resolved name, not "auto"
         cases = bench_cases(args)
         torch.set_num_threads(args.threads)
         check_output_path(args.output, "--output")

@@ -47,10 +47,12 @@ def causal_dilated_chunk(x: torch.Tensor, history: torch.Tensor, taps: torch.Ten
 
     Decoding: O(K k d) per chunk, whatever the position.
     """
+    if isinstance(dilation, bool) or not isinstance(dilation, int) or dilation < 1:
+        raise ValueError(f"dilation must be an integer >= 1, got {dilation!r}")
     span = (taps.shape[1] - 1) * dilation
     if history.shape[1] != span:
         raise ValueError(f"history must hold the last (K - 1) * dilation = {span} inputs, got {history.shape[1]}")
     window = torch.cat([history, x], dim=1)
     k = x.shape[1]
     y = sum(taps[:, j] * window[:, span - j * dilation : span - j * dilation + k] for j in range(taps.shape[1]))
-    return y, window[:, k:]
+    return y, window[:, k:].clone()  # not a view: the state holds the history only

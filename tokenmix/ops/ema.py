@@ -59,6 +59,7 @@ def ema_chunk(
     """
     _check_ema(input_weight, decay, readout)
     k = x.shape[1]
+    state = state.to(decay.dtype)
     steps = torch.arange(k + 1, device=decay.device, dtype=decay.dtype)
     powers = torch.exp(decay.log()[..., None] * steps)  # q^0 ... q^k, (d, N, k + 1)
     kernel = torch.einsum("dj,djl->ld", readout * input_weight, powers[..., :k])

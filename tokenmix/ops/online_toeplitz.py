@@ -38,6 +38,8 @@ class OnlineToeplitzState(StreamState):
 
 
 def empty_state(batch_size: int, dim: int, *, device=None, dtype=torch.float32, capacity: int = 16) -> OnlineToeplitzState:
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+        raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
     zeros = torch.zeros(batch_size, capacity, dim, device=device, dtype=dtype)
     return OnlineToeplitzState(zeros, zeros.clone(), 0)
 
@@ -71,6 +73,8 @@ class TileKernels:
     """
 
     def __init__(self, taps: torch.Tensor):
+        if taps.dim() != 2 or not taps.is_floating_point():
+            raise ValueError(f"taps must be a real floating point (lags, channels) tensor, got {taps.dtype} of shape {tuple(taps.shape)}")
         self.taps = taps
         self._by_size: dict[int, torch.Tensor] = {}
 
@@ -83,7 +87,7 @@ class TileKernels:
                 offsets = torch.arange(size, device=self.taps.device)
                 self._by_size[size] = self.taps[size + offsets[:, None] - offsets[None, :]]
             else:
-                self._by_size[size] = torch.fft.rfft(self.taps[: 2 * size], dim=0)
+                self._by_size[size] = torch.fft.rfft(self.taps[: 2 * size], n=2 * size, dim=0)
         return self._by_size[size]
 
 
