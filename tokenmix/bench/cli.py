@@ -8,7 +8,6 @@ import shlex
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from ..cli_args import check_output_path, integer, parse_lengths, parse_names, parse_option
 from ..devices import resolve_device
@@ -16,6 +15,7 @@ from ..errors import user_input
 from ..files import write_json_atomic, write_text_atomic
 from ..mixers.registry import list_mixers
 from ..models.registry import list_models
+from ..progress import progress_bar
 from ..runtime import retain_freed_memory
 from ..table import format_table
 from ..version import source_revision
@@ -156,7 +156,7 @@ def run_bench(args) -> int:
     allocator = retain_freed_memory() if in_process else None
     revision = source_revision()
     records = []
-    for case in tqdm(cases, desc="bench", unit="case"):
+    for case in progress_bar(cases, desc="bench", unit="case"):
         if in_process:
             try:
                 measurement = measure(case, args.repeats, profile=args.profile)

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from ..data.batches import StreamBatches, lm_batch, mlm_batch, step_generator, step_seed
 from ..data.corpus import BYTE_VOCAB
@@ -34,6 +33,7 @@ from ..devices import resolve_device
 from ..models.config import ModelConfig
 from ..models.model import SegmentState, SequenceModel
 from ..models.pretrained import save_pretrained
+from ..progress import progress_bar
 from ..validation import check_int, check_number, set_finite_checks
 from .checkpoint import CHECKPOINT_FILE, load_checkpoint, restore_rng_state, rng_state, save_checkpoint
 from .distributed import DistributedContext, init_distributed
@@ -397,7 +397,7 @@ class Trainer:
         """
         config = self.config
         tokens_per_step = config.batch_size * config.seq_len * self.context.world_size
-        bar = tqdm(
+        bar = progress_bar(
             total=self.total_steps, initial=self.step, disable=not (self.progress and self.context.is_main), unit="step", dynamic_ncols=True
         )
         for path in self.removed_stale:
