@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..validation import check_int
+
 _FILTER_GRAD_BLOCK = 32  # row block of the filter gradient (measured best on 2 CPU cores)
 _TRANSPOSE_CHUNK = 2**18  # elements per chunk of the channel-major copy (fits in L2)
 
@@ -29,8 +31,7 @@ def _check_band(x: torch.Tensor, taps: torch.Tensor, min_lag: int, dilation: int
         raise ValueError(f"taps must be (channels={x.shape[2]}, filter_size), got shape {tuple(taps.shape)}")
     if not -(taps.shape[1] - 1) <= min_lag <= 0:
         raise ValueError(f"min_lag must be in [-(filter_size - 1), 0] so the band covers lag 0, got {min_lag}")
-    if isinstance(dilation, bool) or not isinstance(dilation, int) or dilation < 1:
-        raise ValueError(f"dilation must be an integer >= 1, got {dilation!r}")
+    check_int(dilation, "dilation")
 
 
 def as_image(x: torch.Tensor) -> torch.Tensor:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import torch
 
+from ..validation import check_int
 from .band import band_matvec
 
 
 def dilated_conv(x: torch.Tensor, taps: torch.Tensor, dilation: int, min_lag: int) -> torch.Tensor:
     """y_i = sum_k f_k x_{i - (min_lag + k) dilation}; x (batch, n, d), taps (d, K); ValueError on bad shapes."""
-    if isinstance(dilation, bool) or not isinstance(dilation, int) or dilation < 1:
-        raise ValueError(f"dilation must be an integer >= 1, got {dilation!r}")
+    check_int(dilation, "dilation")
     if x.dim() == 3 and taps.dim() == 2 and -(taps.shape[1] - 1) <= min_lag <= 0:
         rows = -(-x.shape[1] // dilation)
         first, last = max(min_lag, 1 - rows), min(min_lag + taps.shape[1] - 1, rows - 1)
@@ -47,8 +47,7 @@ def causal_dilated_chunk(x: torch.Tensor, history: torch.Tensor, taps: torch.Ten
 
     Decoding: O(K k d) per chunk, whatever the position.
     """
-    if isinstance(dilation, bool) or not isinstance(dilation, int) or dilation < 1:
-        raise ValueError(f"dilation must be an integer >= 1, got {dilation!r}")
+    check_int(dilation, "dilation")
     span = (taps.shape[1] - 1) * dilation
     if history.shape[1] != span:
         raise ValueError(f"history must hold the last (K - 1) * dilation = {span} inputs, got {history.shape[1]}")

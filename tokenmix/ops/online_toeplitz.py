@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..state import StreamState
+from ..validation import check_int
 
 DIRECT_TILE_MAX = 16  # tiles up to this size use the direct product: FFTs of a few points cost more than they save
 
@@ -38,8 +39,7 @@ class OnlineToeplitzState(StreamState):
 
 
 def empty_state(batch_size: int, dim: int, *, device=None, dtype=torch.float32, capacity: int = 16) -> OnlineToeplitzState:
-    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-        raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
+    check_int(capacity, "capacity")
     zeros = torch.zeros(batch_size, capacity, dim, device=device, dtype=dtype)
     return OnlineToeplitzState(zeros, zeros.clone(), 0)
 
