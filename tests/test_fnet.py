@@ -68,10 +68,10 @@ def test_fnet_ar_stream_in_chunks_equals_the_whole_stream(chunks):
     window = 8
     x = torch.randn(2, sum(chunks), 3, dtype=torch.float64)
     mixer = tokenmix.build_mixer("fnet_ar", 3, causal=True, window=window)
-    pieces, start = [], 0
+    pieces, start, state = [], 0, mixer.init_state(2, dtype=torch.float64)
     for size in chunks:
-        history = x[:, max(0, start - (window - 1)) : start]
-        pieces.append(mixer.mix_stream(x[:, start : start + size], None, history, start))
+        piece, state = mixer.step(x[:, start : start + size], state)
+        pieces.append(piece)
         start += size
     assert relative_error(torch.cat(pieces, dim=1), naive_fourier_ar_mix(x, window)) < 1e-12
 

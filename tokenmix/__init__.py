@@ -3,6 +3,7 @@
 from .mixers import build_mixer, list_mixers
 from .models import ModelConfig, build_model, from_pretrained, list_models
 from .runtime import retain_freed_memory
+from .train.generate import generate
 from .validation import check_finite_inputs
 from .version import __version__
 
@@ -13,6 +14,7 @@ __all__ = [
     "build_mixer",
     "build_model",
     "from_pretrained",
+    "generate",
     "list_mixers",
     "list_models",
     "retain_freed_memory",

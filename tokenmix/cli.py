@@ -8,7 +8,9 @@ their traceback. Ctrl-C during training saves a checkpoint and exits with status
 from __future__ import annotations
 
 import argparse
+import codecs
 import sys
+import time
 import unicodedata
 from dataclasses import fields
 from pathlib import Path
@@ -27,7 +29,7 @@ from .runtime import retain_freed_memory
 from .table import format_table
 from .train.checkpoint import load_checkpoint, model_from_checkpoint
 from .train.evaluate import describe, evaluate_lm, evaluate_mlm, evaluate_recall
-from .train.generate import generate
+from .train.generate import generate, naive_generate
 from .train.loop import TrainConfig, Trainer, TrainingDiverged, TrainingInterrupted
 from .version import __version__, source_revision
 
@@ -135,8 +137,7 @@ def run_train(args) -> int:
             print(f"validation: {describe(final)}")
             if config.task == "lm" and not trainer.recall and args.sample_tokens > 0:
                 prompt = torch.tensor(list(DEMO_PROMPT.encode()), dtype=torch.long)
-                generator = torch.Generator().manual_seed(config.seed)
-                new = generate(trainer.model, prompt, args.sample_tokens, 0.8, 40, generator)
+                new = generate(trainer.model, [prompt], args.sample_tokens, temperature=0.8, top_k=40, seed=config.seed)[0]
                 print("sample:\n" + DEMO_PROMPT + printable(bytes(new.tolist())))
             print(f"saved: {config.out}/checkpoint.pt and {config.out}/model/")
     except TrainingInterrupted as stopped:
@@ -236,21 +237,47 @@ def run_eval(args) -> int:
 
 
 def _add_generate(subparsers) -> None:
-    parser = subparsers.add_parser("generate", help="sample text from a causal LM checkpoint")
+    parser = subparsers.add_parser("generate", help="sample text from a causal LM checkpoint (cached: one step per token)")
     parser.add_argument("checkpoint", help="checkpoint.pt or its run directory")
-    parser.add_argument("--prompt", default=DEMO_PROMPT, help="text the sample continues (default: the demo's 'ROMEO.')")
-    parser.add_argument("--max-new-tokens", type=integer(0), default=200, help="tokens to sample (default: 200)")
+    parser.add_argument(
+        "--prompt", action="append", help="text a sample continues; repeat for several, decoded as one batch (default: the demo's 'ROMEO.')"
+    )
+    parser.add_argument("--max-new-tokens", type=integer(0), default=200, help="tokens to add to each prompt, any number (default: 200)")
     parser.add_argument("--temperature", type=number(0), default=0.8, help="sampling temperature; 0 is greedy (default: 0.8)")
     parser.add_argument("--top-k", type=integer(0), default=40, help="sample among the k most likely tokens; 0 turns it off (default: 40)")
+    parser.add_argument(
+        "--top-p", type=number(0, open_minimum=True), help="sample among the most likely tokens that hold this probability, in (0, 1]"
+    )
+    parser.add_argument("--stop", help="text that ends a sample, kept at its end (\\n stands for a newline, \\t for a tab)")
+    parser.add_argument("--stream", action="store_true", help="print text as it is produced (several prompts: one after another)")
     parser.add_argument("--seed", type=integer(0), default=0, help="seed of the sampling (default: 0)")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="with --temperature 0: also decode by re-running the whole sequence per token, compare, time both",
+    )
     _add_threads_and_device(parser)
     parser.set_defaults(handler=run_generate)
 
 
 def printable(data: bytes) -> str:
     """Decoded text with control characters other than newline and tab shown as escapes (\\x1b, ...)."""
-    text = data.decode("utf-8", errors="replace")
+    return _escaped(data.decode("utf-8", errors="replace"))
+
+
+def _escaped(text: str) -> str:
     return "".join(f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" and c not in "\n\t" else c for c in text)
+
+
+class TextStream:
+    """Prints byte tokens as text as they arrive (a character split across tokens waits for its last byte)."""
+
+    def __init__(self):
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def write(self, data: bytes, final: bool = False) -> None:
+        sys.stdout.write(_escaped(self.decoder.decode(data, final)))
+        sys.stdout.flush()
 
 
 def run_generate(args) -> int:
@@ -264,13 +291,52 @@ def run_generate(args) -> int:
                 f"generate reads and writes text as bytes (vocabulary {BYTE_VOCAB}); {args.checkpoint!r} was trained on "
                 f"{train_config['data']!r} with vocabulary {model.config.vocab_size}"
             )
-        prompt = torch.tensor(list(args.prompt.encode()), dtype=torch.long)
-        if prompt.numel() == 0:
+        texts = args.prompt or [DEMO_PROMPT]
+        if any(not text for text in texts):
             raise ValueError("--prompt must not be empty")
-    top_k = args.top_k or None
-    new = generate(model, prompt, args.max_new_tokens, args.temperature, top_k, torch.Generator().manual_seed(args.seed))
-    print(printable(args.prompt.encode() + bytes(new.tolist())))
-    return 0
+        stop = None if args.stop is None else args.stop.replace("\\n", "\n").replace("\\t", "\t")
+        if stop == "":
+            raise ValueError("--stop must not be empty")
+        if args.top_p is not None and args.top_p > 1:
+            raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
+        if args.check and args.temperature != 0:
+            raise ValueError("--check compares greedy decoding: use it with --temperature 0")
+    options = {
+        "temperature": args.temperature,
+        "top_k": args.top_k or None,
+        "top_p": args.top_p,
+        "stop": stop,
+        "seed": args.seed,
+        "segment_length": train_config["seq_len"] if model.recurrent else None,  # XL: the segments it was trained on
+    }
+    prompts = [torch.tensor(list(text.encode()), dtype=torch.long) for text in texts]
+    if args.stream:
+        for index, (text, prompt) in enumerate(zip(texts, prompts, strict=True)):
+            stream = TextStream()
+            stream.write(("" if index == 0 else "\n---\n").encode() + text.encode())
+            generate(model, [prompt], args.max_new_tokens, **options, on_token=lambda _row, token, out=stream: out.write(bytes([token])))
+            stream.write(b"\n", final=True)
+        return 0
+    started = time.perf_counter()
+    samples = generate(model, prompts, args.max_new_tokens, **options)
+    cached_seconds = time.perf_counter() - started
+    print("\n---\n".join(printable(text.encode() + bytes(new.tolist())) for text, new in zip(texts, samples, strict=True)))
+    return _check_against_recompute(model, prompts, samples, args.max_new_tokens, stop, cached_seconds) if args.check else 0
+
+
+def _check_against_recompute(model, prompts, samples, max_new_tokens: int, stop, cached_seconds: float) -> int:
+    """Decode again by recomputing the whole sequence per token; 0 if every token agrees, else 1."""
+    started = time.perf_counter()
+    references = [naive_generate(model, prompt, max_new_tokens, stop) for prompt in prompts]
+    recompute_seconds = time.perf_counter() - started
+    agreed = [torch.equal(new, reference) for new, reference in zip(samples, references, strict=True)]
+    tokens = sum(len(new) for new in samples)
+    verdict = "agree on every token" if all(agreed) else f"DISAGREE on prompts {[i + 1 for i, ok in enumerate(agreed) if not ok]}"
+    print(
+        f"check: cached and recompute generation {verdict} ({tokens} tokens; cached {cached_seconds:.2f} s, recompute {recompute_seconds:.2f} s)",
+        file=sys.stderr,
+    )
+    return 0 if all(agreed) else 1
 
 
 def _add_plot(subparsers) -> None:

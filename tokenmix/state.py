@@ -75,3 +75,29 @@ class StreamState:
         if len(sizes) != 1:
             raise ValueError(f"a state's tensors must share one batch size, got {sorted(sizes)}")
         return sizes.pop()
+
+    @property
+    def floating_dtypes(self) -> set[torch.dtype]:
+        """The dtypes of the state's floating point tensors."""
+        return {tensor.dtype for tensor in _tensors(self) if tensor.is_floating_point()}
+
+
+def check_state(state, expected: type[StreamState], batch_size: int, dtype: torch.dtype | None, owner: str) -> None:
+    """ValueError unless ``state`` is an ``expected`` state for ``batch_size`` rows holding ``dtype``
+    (None: any; a block's parts check their own).
+
+    ``owner`` names what the state is for ("this 6-channel Tno", "model 'tnn'") in the message.
+    """
+    if not isinstance(state, expected):
+        raise ValueError(f"state must be a {expected.__name__} made by {owner}'s init_state, got {type(state).__name__}")
+    sizes = {tensor.shape[0] for tensor in _tensors(state)}
+    if sizes and sizes != {batch_size}:
+        raise ValueError(
+            f"state holds batch size {sorted(sizes)} but the input has {batch_size} rows; init_state({batch_size}) or state.select(rows)"
+        )
+    dtypes = state.floating_dtypes
+    if dtype is not None and dtypes and dtypes != {dtype}:
+        names = ", ".join(sorted(str(d) for d in dtypes))
+        raise ValueError(
+            f"state holds {names} but {owner} streams this input in {dtype}; init_state(..., dtype=x.dtype) or state.to(dtype=...)"
+        )

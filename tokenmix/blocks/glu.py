@@ -10,6 +10,7 @@ from ..mixers.registry import build_mixer, mixer_class
 from ..ops.activations import get_activation
 from ..options import Configurable, merge_options, take_options
 from ..validation import check_int
+from .streaming import StreamingBlock
 
 
 class Glu(nn.Module):
@@ -28,7 +29,7 @@ class Glu(nn.Module):
         return self.out(self.dropout(self.act(self.gate(x)) * self.value(x)))
 
 
-class Gtu(Configurable, nn.Module):
+class Gtu(StreamingBlock, Configurable, nn.Module):
     """Gated token unit: W_o(u * Mixer(v)), u = act(W_u x), v = act(W_v x), width expand * dim.
 
     The token mixer (a TNO in TNN) is built by name, so SKI/FD variants reuse this block.
@@ -61,8 +62,11 @@ class Gtu(Configurable, nn.Module):
         mixer_options, unknown = mixer_class(own["mixer"]).resolve_options(rest, check_int(own["expand"], "expand") * dim)
         return merge_options(own, mixer_options, f"the GTU with mixer {own['mixer']!r}"), unknown
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def stream_parts(self) -> list:
+        return [self.mixer]
+
+    def body(self, x: torch.Tensor, mask: torch.Tensor | None, run) -> torch.Tensor:
         u = self.act(self.gate(x))
         v = self.act(self.value(x))
-        mixed = self.mixer(v, mask)
+        mixed = run(self.mixer, v)
         return zero_padding(self.out(self.dropout(u * mixed)), mask)

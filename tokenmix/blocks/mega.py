@@ -18,12 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..mixers.attention import RelativePosition, relative_reach
+from ..mixers.attention import AttentionCache, RelativePosition, cached_attention, empty_cache, relative_reach
 from ..mixers.registry import build_mixer, mixer_class
 from ..ops.attention import chunked_attention
 from ..options import Configurable, merge_options, take_options
 from ..validation import check_int
 from .ffn import Ffn
+from .streaming import StreamingBlock
 
 SEQUENCE_MIXERS = ("ema", "tcn")
 
@@ -47,7 +48,28 @@ def resolve_with_sequence_mixer(own: dict, rest: dict, sequence_mixer: str, dim:
     return merge_options(own, mixer_options, f"the block with sequence mixer {sequence_mixer!r}"), unknown
 
 
-class MegaBlock(Configurable, nn.Module):
+class GatedAttention:
+    """The block's single-head chunked attention as a streaming part: ``part((q, k, v), mask)``
+    attends plainly, ``step((q, k, v), cache, mask)`` over the cache of the current chunk."""
+
+    def __init__(self, position: RelativePosition, chunk_size: int | None, causal: bool, key_width: int, value_width: int):
+        self.position, self.chunk_size, self.causal = position, chunk_size, causal
+        self.key_width, self.value_width = key_width, value_width
+
+    def __call__(self, qkv, mask: torch.Tensor | None) -> torch.Tensor:
+        q, k, v = qkv
+        q, k = self.position.rotate(q, k)
+        return chunked_attention(q, k, v, self.chunk_size, self.causal, mask, self.position.bias_function())
+
+    def init_state(self, batch_size: int, device=None, dtype=None, *, max_length: int | None = None) -> AttentionCache:
+        weight = self.position.table if self.position.table is not None else torch.empty(0)
+        return empty_cache(batch_size, 1, self.key_width, self.value_width, device or weight.device, dtype or weight.dtype)
+
+    def step(self, qkv, cache: AttentionCache, mask: torch.Tensor | None) -> tuple[torch.Tensor, AttentionCache]:
+        return cached_attention(*qkv, cache, self.chunk_size, self.position, mask)
+
+
+class MegaBlock(StreamingBlock, Configurable, nn.Module):
     no_weight_decay = ("qk_scale", "qk_offset")
 
     def __init__(
@@ -86,6 +108,7 @@ class MegaBlock(Configurable, nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.ffn_norm = nn.LayerNorm(dim)
         self.ffn = Ffn(dim, ffn_expand, "silu", dropout)
+        self.attention = GatedAttention(self.position, chunk_size, causal, z_dim, self.hidden)
 
     @classmethod
     def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:
@@ -94,15 +117,17 @@ class MegaBlock(Configurable, nn.Module):
             raise ValueError(f"sequence_mixer must be one of {list(SEQUENCE_MIXERS)}, got {own['sequence_mixer']!r}")
         return resolve_with_sequence_mixer(own, rest, own["sequence_mixer"], dim)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def stream_parts(self) -> list:
+        return [self.sequence, self.attention]
+
+    def body(self, x: torch.Tensor, mask: torch.Tensor | None, run) -> torch.Tensor:
         h = self.norm(x)
         v = F.silu(self.value(h))
-        m = self.dropout(self.sequence(h, mask))
+        m = self.dropout(run(self.sequence, h))
         u, z, r, h_x = self.gates(m).split([x.shape[-1], self.z_dim, self.hidden, x.shape[-1]], dim=-1)
         z, r = F.silu(z), F.silu(r)
         q, k = (z * self.qk_scale[i] + self.qk_offset[i] for i in range(2))
-        q, k = self.position.rotate(q[:, None], k[:, None])  # one head
-        attended = chunked_attention(q, k, v[:, None], self.chunk_size, self.causal, mask, self.position.bias_function())[:, 0]
+        attended = run(self.attention, (q[:, None], k[:, None], v[:, None]))[:, 0]  # one head
         o = F.silu(h_x + self.hidden_out(self.dropout(attended * r)))
         x = torch.addcmul(x, torch.sigmoid(u), o - x)
         return x + self.dropout(self.ffn(self.ffn_norm(x)))

@@ -16,9 +16,10 @@ from ..mixers.registry import build_mixer
 from ..options import Configurable, take_options
 from .ffn import Ffn
 from .mega import resolve_with_sequence_mixer, sequence_options
+from .streaming import StreamingBlock
 
 
-class PreNormBlock(Configurable, nn.Module):
+class PreNormBlock(StreamingBlock, Configurable, nn.Module):
     def __init__(self, dim: int, mixers: list[nn.Module], ffn_expand: int, ffn_activation: str, dropout: float):
         super().__init__()
         self.mixers = nn.ModuleList(mixers)
@@ -27,9 +28,12 @@ class PreNormBlock(Configurable, nn.Module):
         self.ffn = Ffn(dim, ffn_expand, ffn_activation, dropout)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def stream_parts(self) -> list:
+        return list(self.mixers)
+
+    def body(self, x: torch.Tensor, mask: torch.Tensor | None, run) -> torch.Tensor:
         for norm, mixer in zip(self.mixer_norms, self.mixers, strict=True):
-            x = x + self.dropout(mixer(norm(x), mask))
+            x = x + self.dropout(run(mixer, norm(x)))
         return x + self.dropout(self.ffn(self.ffn_norm(x)))
 
 

@@ -7,9 +7,10 @@ from torch import nn
 
 from ..options import Configurable, merge_options, take_options
 from .glu import Glu, Gtu
+from .streaming import StreamingBlock
 
 
-class TnnBlock(Configurable, nn.Module):
+class TnnBlock(StreamingBlock, Configurable, nn.Module):
     def __init__(
         self,
         dim: int,
@@ -33,6 +34,9 @@ class TnnBlock(Configurable, nn.Module):
         gtu_options, unknown = Gtu.resolve_options({**rest, "dropout": own["dropout"]}, dim)
         return merge_options(own, gtu_options, "the TNN block", shared=("dropout",)), unknown
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.dropout(self.token_mixing(self.token_norm(x), mask))
+    def stream_parts(self) -> list:
+        return [self.token_mixing]
+
+    def body(self, x: torch.Tensor, mask: torch.Tensor | None, run) -> torch.Tensor:
+        x = x + self.dropout(run(self.token_mixing, self.token_norm(x)))
         return x + self.dropout(self.channel_mixing(self.channel_norm(x), mask))

@@ -16,12 +16,15 @@ then x + FFN(norm(x)).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from ..mixers.fnet import FnetAr
+from ..mixers.base import check_sequence
+from ..mixers.fnet import FnetAr, FnetArState
 from ..options import Configurable, merge_options, take_options
+from ..state import StreamState, check_state
 from ..validation import check_int
 from .ffn import Ffn
 
@@ -57,8 +60,9 @@ class RelativeAttention(nn.Module):
         self.out = nn.Linear(dim, dim)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x: normalized segment (batch, n, d); context: normalized [memory; segment]; key_mask: (batch, M + n)."""
+    def forward(self, x: torch.Tensor, context: torch.Tensor, key_mask: torch.Tensor, start: int) -> torch.Tensor:
+        """x: the newest n normalized inputs (batch, n, d); context: normalized [memory; segment] ending with x;
+        key_mask: (batch, M + n), True at keys that may be seen (relative attention: ``start`` unused)."""
         batch, n, dim = x.shape
         total = context.shape[1]
         q = self.query(x).view(batch, n, self.heads, self.head_dim)
@@ -68,10 +72,39 @@ class RelativeAttention(nn.Module):
         by_distance = torch.einsum("bihd,rhd->bhir", q + self.position_bias, r)
         distance = (total - n) + torch.arange(n, device=x.device)[:, None] - torch.arange(total, device=x.device)[None, :]
         position = by_distance.gather(-1, distance.clamp(min=0).expand(batch, self.heads, n, total))
-        blocked = distance < 0 if key_mask is None else (distance < 0) | ~key_mask[:, None, None, :]
+        itself = distance == 0
+        blocked = (distance < 0) | ~(key_mask[:, None, None, :] | itself)
         scores = ((content + position) / math.sqrt(self.head_dim)).masked_fill(blocked, torch.finfo(x.dtype).min)
-        weights = self.dropout(torch.softmax(scores.float(), dim=-1).to(x.dtype))
+        weights = self.dropout(torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(x.dtype))
         return self.out(torch.einsum("bhij,bjhd->bihd", weights, v).reshape(batch, n, dim))
+
+
+class FourierContext(nn.Module):
+    """FNetAR mixing of the newest n inputs with the context before them as its window buffer."""
+
+    def __init__(self, dim: int, window: int):
+        super().__init__()
+        self.fourier = FnetAr(dim, True, window=window)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, key_mask: torch.Tensor, start: int) -> torch.Tensor:
+        n, window = x.shape[1], self.fourier.window
+        before = context[:, :-n].masked_fill(~key_mask[:, :-n, None], 0.0)[:, -(window - 1) :] if window > 1 else context[:, :0]
+        history = torch.nn.functional.pad(before, (0, 0, window - 1 - before.shape[1], 0))
+        return self.fourier.step_chunk(x.masked_fill(~key_mask[:, -n:, None], 0.0), FnetArState(history, start), None)[0]
+
+
+@dataclass
+class XlState(StreamState):
+    """A Transformer-XL block's stream: ``memory`` (batch, <= M, d), the block inputs of earlier segments
+    (no gradient); ``segment`` (batch, s, d), those of the current segment, and which are real tokens;
+    the stream position; and the segment length after which the segment becomes memory (None: one
+    segment that never ends, the same as one forward over the whole stream)."""
+
+    memory: torch.Tensor
+    segment: torch.Tensor
+    segment_real: torch.Tensor
+    position: int = 0
+    segment_length: int | None = None
 
 
 class XlBlock(Configurable, nn.Module):
@@ -100,8 +133,9 @@ class XlBlock(Configurable, nn.Module):
         self.mixer_norm = nn.LayerNorm(dim)
         if mixer == "attention":
             self.mixer = RelativeAttention(dim, heads, dropout)
+            self.mixed_norm = nn.Identity()
         else:
-            self.mixer = FnetAr(dim, True, window=window)
+            self.mixer = FourierContext(dim, window)
             if memory_length < window - 1:
                 raise ValueError(f"memory_length={memory_length} must be >= window - 1 = {window - 1} for fnet_ar layers")
             # FNet normalizes after its Fourier sublayer (post-norm). Here the unnormalized DFT sums
@@ -111,21 +145,57 @@ class XlBlock(Configurable, nn.Module):
         self.ffn = Ffn(dim, ffn_expand, "gelu", dropout)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, memory: torch.Tensor | None = None, start: int = 0):
-        """x: segment (batch, n, d) at stream position ``start``; memory: earlier block inputs (batch, M, d)."""
-        h = self.mixer_norm(x)
-        history = None if memory is None or memory.shape[1] == 0 else self.mixer_norm(memory)
-        if isinstance(self.mixer, FnetAr):
-            mixed = self.mixed_norm(self.mixer.mix_stream(h, mask, history, start))
-        else:
-            context = h if history is None else torch.cat([history, h], dim=1)
-            key_mask = None
-            if mask is not None:
-                remembered = torch.ones(x.shape[0], context.shape[1] - x.shape[1], dtype=torch.bool, device=x.device)
-                key_mask = torch.cat([remembered, mask], dim=1)
-            mixed = self.mixer(h, context, key_mask)
-        x = x + self.dropout(mixed)
-        return x + self.dropout(self.ffn(self.ffn_norm(x)))
+    def init_state(
+        self,
+        batch_size: int,
+        device=None,
+        dtype: torch.dtype | None = None,
+        *,
+        max_length: int | None = None,
+        segment_length: int | None = None,
+    ) -> XlState:
+        """An empty memory and segment; ``segment_length`` S: every S tokens the segment becomes memory."""
+        check_int(batch_size, "batch_size", minimum=0)
+        if segment_length is not None:
+            check_int(segment_length, "segment_length")
+        weight = self.ffn_norm.weight
+        device, dtype = device or weight.device, dtype or weight.dtype
+        empty = torch.zeros(batch_size, 0, weight.shape[0], device=device, dtype=dtype)
+        return XlState(empty, empty.clone(), torch.zeros(batch_size, 0, dtype=torch.bool, device=device), 0, segment_length)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """One segment without memory."""
+        return self.step(x, self.init_state(x.shape[0], x.device, x.dtype), mask)[0]
+
+    def step(self, x: torch.Tensor, state: XlState, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, XlState]:
+        """The next chunk x (batch, k, d) of the stream, split where segments end."""
+        check_sequence(x, self.ffn_norm.weight.shape[0], mask)
+        check_state(state, XlState, x.shape[0], x.dtype, "this Transformer-XL block")
+        real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask
+        outputs, done = [], 0
+        while done < x.shape[1]:
+            room = x.shape[1] - done if state.segment_length is None else state.segment_length - state.segment.shape[1]
+            size = min(room, x.shape[1] - done)
+            output, state = self._segment_step(x[:, done : done + size], real[:, done : done + size], state)
+            outputs.append(output)
+            done += size
+        return torch.cat(outputs, dim=1), state
+
+    def _segment_step(self, x: torch.Tensor, real: torch.Tensor, state: XlState) -> tuple[torch.Tensor, XlState]:
+        """Tokens within one segment: the mixer over [memory; segment; x], then the FFN (Dai et al. 2019, §3.2)."""
+        context = torch.cat([state.memory, state.segment, x], dim=1)
+        remembered = torch.ones(x.shape[0], state.memory.shape[1], dtype=torch.bool, device=x.device)
+        key_mask = torch.cat([remembered, state.segment_real, real], dim=1)
+        normed = self.mixer_norm(context)
+        mixed = self.mixed_norm(self.mixer(normed[:, -x.shape[1] :], normed, key_mask, state.position))
+        y = x + self.dropout(mixed)
+        y = y + self.dropout(self.ffn(self.ffn_norm(y)))
+        segment, segment_real = torch.cat([state.segment, x], dim=1), torch.cat([state.segment_real, real], dim=1)
+        memory = state.memory
+        if segment.shape[1] == state.segment_length:
+            memory = torch.cat([memory, segment.detach()], dim=1)[:, max(0, memory.shape[1] + segment.shape[1] - self.memory_length) :]
+            segment, segment_real = segment[:, :0].detach(), segment_real[:, :0]
+        return y, XlState(memory, segment, segment_real, state.position + x.shape[1], state.segment_length)
 
 
 FOURIER_PLACEMENTS = ("alternating", "bottom", "top")

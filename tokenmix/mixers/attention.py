@@ -9,12 +9,15 @@ simple relative bias; offsets beyond ``max_distance`` share the last value) or `
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..ops.attention import chunked_attention, rotary
 from ..options import take_options
+from ..state import StreamState
 from ..validation import check_int
 from .base import Mixer
 from .registry import register_mixer
@@ -33,13 +36,18 @@ class RelativePosition(nn.Module):
         self.max_distance = check_int(max_distance, "max_distance")
         self.table = nn.Parameter(torch.randn(2 * max_distance - 1) * 0.02) if position == "bias" else None
 
-    def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return (rotary(q), rotary(k)) if self.position == "rotary" else (q, k)
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k of positions offset, offset + 1, ... rotated (rotary), else unchanged."""
+        return (rotary(q, offset), rotary(k, offset)) if self.position == "rotary" else (q, k)
 
     def bias(self, size: int) -> torch.Tensor:
         """(size, size) learned bias by offset i - j, clamped to +-(max_distance - 1)."""
         positions = torch.arange(size, device=self.table.device)
-        offsets = (positions[:, None] - positions[None, :]).clamp(-(self.max_distance - 1), self.max_distance - 1)
+        return self.bias_between(positions, positions)
+
+    def bias_between(self, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """(queries, keys) bias b[i - j] between the query positions i and key positions j."""
+        offsets = (queries[:, None] - keys[None, :]).clamp(-(self.max_distance - 1), self.max_distance - 1)
         return self.table[offsets + self.max_distance - 1]
 
     def bias_function(self):
@@ -47,6 +55,63 @@ class RelativePosition(nn.Module):
 
     def extra_repr(self) -> str:
         return f"position={self.position!r}" + (f", max_distance={self.max_distance}" if self.table is not None else "")
+
+
+@dataclass
+class AttentionCache(StreamState):
+    """Keys (rotated) and values a later query may still see, (batch, heads, cached, width), which of them
+    are real tokens (batch, cached), and the stream position. Chunked attention keeps the current
+    chunk only, so its size is bounded by the chunk; full attention's grows with the stream."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    real: torch.Tensor
+    position: int = 0
+
+
+def empty_cache(batch_size: int, heads: int, key_width: int, value_width: int, device, dtype: torch.dtype) -> AttentionCache:
+    keys = torch.zeros(batch_size, heads, 0, key_width, device=device, dtype=dtype)
+    values = torch.zeros(batch_size, heads, 0, value_width, device=device, dtype=dtype)
+    return AttentionCache(keys, values, torch.zeros(batch_size, 0, dtype=torch.bool, device=device))
+
+
+def cached_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: AttentionCache,
+    chunk_size: int | None,
+    position: RelativePosition,
+    mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, AttentionCache]:
+    """Causal attention of the next n tokens (q, k: (batch, heads, n, e), unrotated; v: (batch, heads, n, h))
+    over the cache and themselves, the chunk-local rule of ``ops.attention.chunked_attention``: the
+    cache empties at every multiple of ``chunk_size``. Returns (batch, heads, n, h) and the new cache."""
+    batch, n = q.shape[0], q.shape[-2]
+    real = torch.ones(batch, n, dtype=torch.bool, device=q.device) if mask is None else mask
+    outputs, done = [], 0
+    while done < n:
+        start = cache.position
+        room = n - done if chunk_size is None else chunk_size - start % chunk_size
+        if chunk_size is not None and start % chunk_size == 0:
+            cache = empty_cache(batch, q.shape[1], k.shape[-1], v.shape[-1], q.device, q.dtype)
+            cache.position = start
+        size = min(room, n - done)
+        q_piece, k_piece = position.rotate(q[..., done : done + size, :], k[..., done : done + size, :], start)
+        keys = torch.cat([cache.keys, k_piece], dim=2)
+        values = torch.cat([cache.values, v[..., done : done + size, :]], dim=2)
+        key_real = torch.cat([cache.real, real[:, done : done + size]], dim=1)
+        query_positions = torch.arange(start, start + size, device=q.device)
+        key_positions = torch.arange(start + size - keys.shape[2], start + size, device=q.device)
+        itself = query_positions[:, None] == key_positions[None, :]
+        allowed = (key_positions[None, :] <= query_positions[:, None]) & (key_real[:, None, None, :] | itself)
+        attn_mask = allowed
+        if position.table is not None:
+            attn_mask = position.bias_between(query_positions, key_positions).to(q.dtype).masked_fill(~allowed, float("-inf"))
+        outputs.append(F.scaled_dot_product_attention(q_piece, keys, values, attn_mask=attn_mask))
+        cache = AttentionCache(keys, values, key_real, start + size)
+        done += size
+    return torch.cat(outputs, dim=2), cache
 
 
 def relative_reach(max_distance: int | None, chunk_size: int | None) -> int:
@@ -111,6 +176,18 @@ class Attention(Mixer):
         q, k = self.position.rotate(heads[0], heads[1])
         mixed = chunked_attention(q, k, heads[2], self.chunk_size, self.causal, mask, self.position.bias_function())
         return linear_in_dtype(mixed.transpose(1, 2).reshape(batch, n, self.dim), self.out)
+
+    state_type = AttentionCache
+
+    def empty_state(self, batch_size: int, device, dtype: torch.dtype, max_length: int | None) -> AttentionCache:
+        width = self.dim // self.heads
+        return empty_cache(batch_size, self.heads, width, width, device, dtype)
+
+    def step_chunk(self, x: torch.Tensor, state: AttentionCache, mask) -> tuple[torch.Tensor, AttentionCache]:
+        batch, n, _ = x.shape
+        heads = linear_in_dtype(x, self.query_key_value).view(batch, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        mixed, cache = cached_attention(heads[0], heads[1], heads[2], state, self.chunk_size, self.position, mask)
+        return linear_in_dtype(mixed.transpose(1, 2).reshape(batch, n, self.dim), self.out), cache
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, causal={self.causal}, heads={self.heads}, chunk_size={self.chunk_size}"

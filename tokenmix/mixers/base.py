@@ -7,6 +7,7 @@ from torch import nn
 
 from ..ops.toeplitz import naive_toeplitz_matrix
 from ..options import Configurable
+from ..state import StreamState, check_state
 from ..validation import check_finite, check_int, finite_checks_enabled
 
 
@@ -48,6 +49,12 @@ class Mixer(Configurable, nn.Module):
 
     ``mix`` receives x with padded positions already zero and the mask (None when every token is
     real); it returns x's shape and dtype. An empty batch never reaches it.
+
+    Streaming (causal mixers): ``state = init_state(batch_size)``, then ``y, state = step(x, state)``
+    for chunks x (batch, k, dim) of any sizes k >= 1; the outputs are those of one ``forward`` over
+    the whole sequence. A mixer streams by defining ``state_type``, ``empty_state`` and
+    ``step_chunk`` (x with padding zeroed, the validated state -> y, state); ``step_chunk`` may
+    update the state in place.
     """
 
     fft_based = False
@@ -68,6 +75,49 @@ class Mixer(Configurable, nn.Module):
         return self.mix(zero_padding(x, mask), mask)
 
     def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # -- streaming ------------------------------------------------------------------------------
+    state_type: type[StreamState] | None = None
+
+    def state_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype a state for inputs of ``dtype`` holds (FFT-based mixers: their spectral dtype)."""
+        return dtype
+
+    def init_state(self, batch_size: int, device=None, dtype: torch.dtype | None = None, *, max_length: int | None = None) -> StreamState:
+        """The state before the first token, for inputs of ``dtype`` (default: the parameters' dtype).
+
+        ``max_length``: the longest stream expected; mixers whose operator depends on the sequence
+        length (``fd_tno``'s frequency grid, ``tcn``'s ``dilation_factor="auto"``) then equal one
+        forward over that many tokens. Others ignore it.
+        """
+        if not self.causal:
+            raise ValueError(f"{type(self).__name__} was built with causal=False; only causal mixers stream (build it with causal=True)")
+        check_int(batch_size, "batch_size", minimum=0)
+        if max_length is not None:
+            check_int(max_length, "max_length")
+        if dtype is None:
+            dtype = next(self.parameters(), torch.empty(0)).dtype
+        if not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating point dtype, got {dtype}")
+        if device is None:
+            device = next(self.parameters(), torch.empty(0)).device
+        return self.empty_state(batch_size, torch.device(device), self.state_dtype(dtype), max_length)
+
+    def step(self, x: torch.Tensor, state: StreamState, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, StreamState]:
+        """The outputs for the next chunk x (batch, k, dim) of the stream, and the state after it."""
+        check_sequence(x, self.dim, mask)
+        check_state(state, self.state_type, x.shape[0], self.state_dtype(x.dtype), f"this {self.dim}-channel {type(self).__name__}")
+        return self.step_chunk(zero_padding(x, mask), state, mask)
+
+    def empty_state(
+        self, batch_size: int, device: torch.device, dtype: torch.dtype, max_length: int | None
+    ) -> StreamState:  # pragma: no cover
+        raise NotImplementedError
+
+    def step_chunk(
+        self, x: torch.Tensor, state: StreamState, mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, StreamState]:  # pragma: no cover
         raise NotImplementedError
 
     def extra_repr(self) -> str:

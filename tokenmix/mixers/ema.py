@@ -11,17 +11,26 @@ included, as in the paper's runtime study); ``naive_forward`` is the recurrence,
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.ema import ema_kernel, naive_ema
+from ..ops.ema import ema_chunk, ema_kernel, naive_ema
 from ..ops.fft import spectral_dtype
 from ..ops.toeplitz import toeplitz_matvec
+from ..state import StreamState
 from ..validation import check_int
 from .base import Mixer, ToeplitzOperator
 from .registry import register_mixer
+
+
+@dataclass
+class EmaState(StreamState):
+    """The recurrence's hidden state h, (batch, dim, ndim): O(d N) whatever the position."""
+
+    hidden: torch.Tensor
 
 
 @register_mixer("ema")
@@ -62,6 +71,20 @@ class Ema(ToeplitzOperator, Mixer):
 
     def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         return F.silu(toeplitz_matvec(x, self.kernel(x.shape[1]), self.causal) + self.omega.to(x.dtype) * x)
+
+    state_type = EmaState
+
+    def state_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return spectral_dtype(dtype)
+
+    def empty_state(self, batch_size: int, device, dtype: torch.dtype, max_length: int | None) -> EmaState:
+        return EmaState(torch.zeros(batch_size, self.dim, self.ndim, device=device, dtype=dtype))
+
+    def step_chunk(self, x: torch.Tensor, state: EmaState, mask) -> tuple[torch.Tensor, EmaState]:
+        """The chunk by FFT plus the carried state, and the closed-form state after it (``ops.ema.ema_chunk``)."""
+        input_weight, decay, readout = (c[0].to(state.hidden.dtype) for c in self.coefficients())
+        y, hidden = ema_chunk(x, state.hidden, input_weight, decay, readout)
+        return F.silu(y + self.omega.to(x.dtype) * x), EmaState(hidden)
 
     def naive_forward(self, x: torch.Tensor) -> torch.Tensor:
         """Reference: the recurrence, forward (and over the reversed sequence); tests only."""

@@ -25,6 +25,7 @@ from .base import Mixer, ToeplitzOperator
 from .registry import register_mixer
 from .rpe import RelativePositionEncoder
 from .tno import SpectrumCache
+from .toeplitz_stream import ToeplitzStreaming
 
 
 def rfft_frequencies(fft_size: int, device=None) -> torch.Tensor:
@@ -33,10 +34,11 @@ def rfft_frequencies(fft_size: int, device=None) -> torch.Tensor:
 
 
 @register_mixer("fd_tno")
-class FdTno(ToeplitzOperator, Mixer):
+class FdTno(ToeplitzStreaming, ToeplitzOperator, Mixer):
     """Frequency-domain Toeplitz neural operator (name ``fd_tno``)."""
 
     fft_based = True
+    taps_depend_on_length = True  # the RPE is sampled on the FFT grid of the length
 
     def __init__(self, dim: int, causal: bool = False, *, rpe_dim: int = 64, rpe_layers: int = 3, activation: str = "gelu"):
         super().__init__(dim, causal)
@@ -79,12 +81,17 @@ class FdTno(ToeplitzOperator, Mixer):
 
     def kernel(self, n: int) -> torch.Tensor:
         """Taps by lag of the Toeplitz operator at length n: (n, dim) causal, (2n - 1, dim) bidirectional."""
-        fft_size = fast_fft_size(2 * n)
         if self.causal:
-            response = self.rpe(rfft_frequencies(fft_size, self.rpe.output.weight.device)).t()
-            return causal_impulse_response(response, fft_size)[:, :n].t()
+            return self.stream_taps(n, n)
+        fft_size = fast_fft_size(2 * n)
         taps = torch.fft.irfft(self.response(fft_size), n=fft_size, dim=-1)
         return torch.cat([taps[:, fft_size - (n - 1) :], taps[:, :n]], dim=1).t()
+
+    def stream_taps(self, lags: int, horizon: int) -> torch.Tensor:
+        """Causal taps t_0 ... t_{lags-1}, (lags, dim), of the operator at length ``horizon`` (its grid)."""
+        fft_size = fast_fft_size(2 * horizon)
+        response = self.rpe(rfft_frequencies(fft_size, self.rpe.output.weight.device)).t()
+        return causal_impulse_response(response, fft_size)[:, :lags].t()
 
     def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Causal: the fused factored product. Bidirectional: Re and Im of G come from different readout

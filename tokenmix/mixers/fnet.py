@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..ops.fourier import fnet_mixing, fourier_ar_mix
+from ..state import StreamState
 from ..validation import check_int
-from .base import Mixer, check_sequence, zero_padding
+from .base import Mixer
 from .registry import register_mixer
 
 
@@ -30,15 +33,24 @@ class Fnet(Mixer):
         return fnet_mixing(x, self.sequence_only)
 
 
+@dataclass
+class FnetArState(StreamState):
+    """The last W - 1 inputs (batch, W - 1, dim), newest last (zeros before the stream), and the position."""
+
+    history: torch.Tensor
+    position: int = 0
+
+
 @register_mixer("fnet_ar")
 class FnetAr(Mixer):
     """FNetAR causal Fourier mixing with window W (option ``window``, default 512), parameter free.
 
-    ``forward(x)`` treats x as a stream that starts at x[0]; ``mix_stream`` continues a stream
-    from its ``history`` (the previous inputs, newest last) and the stream position ``start``.
+    ``forward(x)`` treats x as a stream that starts at x[0]; ``step`` continues it from the window
+    buffer: the last W - 1 inputs and the stream position (which DFT row each token uses).
     """
 
     causal_modes = (True,)
+    state_type = FnetArState
 
     def __init__(self, dim: int, causal: bool = True, *, window: int = 512):
         if not causal:
@@ -50,9 +62,13 @@ class FnetAr(Mixer):
     def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         return fourier_ar_mix(x, self.window)
 
-    def mix_stream(self, x: torch.Tensor, mask: torch.Tensor | None, history: torch.Tensor | None, start: int) -> torch.Tensor:
-        check_sequence(x, self.dim, mask)
-        return fourier_ar_mix(zero_padding(x, mask), self.window, history, start)
+    def empty_state(self, batch_size: int, device, dtype: torch.dtype, max_length: int | None) -> FnetArState:
+        return FnetArState(torch.zeros(batch_size, self.window - 1, self.dim, device=device, dtype=dtype))
+
+    def step_chunk(self, x: torch.Tensor, state: FnetArState, mask) -> tuple[torch.Tensor, FnetArState]:
+        y = fourier_ar_mix(x, self.window, state.history, state.position)
+        history = torch.cat([state.history, x], dim=1)[:, x.shape[1] :]
+        return y, FnetArState(history, state.position + x.shape[1])
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, window={self.window}"

@@ -51,6 +51,7 @@ from .base import Mixer
 from .registry import register_mixer
 from .rpe import PiecewiseLinearEncoder
 from .tno import SpectrumCache, relative_lags
+from .toeplitz_stream import ToeplitzStreaming
 
 PATHS = ("auto", "dense", "sparse")
 # path="auto": the sparse path from this length on, per interpolation (None: never). Measured with
@@ -76,7 +77,7 @@ class _LengthCache:
 
 
 @register_mixer("ski_tno")
-class SkiTno(Mixer):
+class SkiTno(ToeplitzStreaming, Mixer):
     """Sparse + low-rank Toeplitz neural operator (name ``ski_tno``)."""
 
     no_weight_decay = ("band",)

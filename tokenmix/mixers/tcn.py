@@ -15,12 +15,14 @@ smallest f whose window reaches R. Cost O(n d D B K), linear in the length.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ..ops.activations import get_activation
-from ..ops.dilated import dilated_conv
+from ..ops.dilated import causal_dilated_chunk, dilated_conv
+from ..state import StreamState
 from ..validation import check_int
 from .base import Mixer, zero_padding
 from .registry import register_mixer
@@ -43,6 +45,20 @@ def dilation_for(target: int, kernel_size: int, depth: int, convs_per_block: int
     while receptive_field(kernel_size, factor, depth, convs_per_block) < target:
         factor += 1
     return factor
+
+
+@dataclass
+class TcnState(StreamState):
+    """Per convolution, its last (K - 1) * dilation inputs, (batch, span, dim): the same size at every position.
+
+    ``factor`` is the dilation factor streamed; ``limit`` the longest stream it is valid for
+    (``dilation_factor="auto"`` chose it for ``max_length``), None when fixed.
+    """
+
+    histories: list
+    factor: int
+    position: int = 0
+    limit: int | None = None
 
 
 @register_mixer("tcn")
@@ -102,6 +118,34 @@ class Tcn(Mixer):
                 h = self.act(dilated_conv(zero_padding(h, mask), taps[conv], factor**block, self.min_lag) + bias[conv])
             x = x + h
         return zero_padding(x, mask)
+
+    state_type = TcnState
+
+    def empty_state(self, batch_size: int, device, dtype: torch.dtype, max_length: int | None) -> TcnState:
+        if self.dilation_factor == "auto" and max_length is None:
+            raise ValueError(
+                "a tcn with dilation_factor='auto' sets its dilation from the length: stream it with init_state(..., max_length=...)"
+            )
+        factor = self.factor_for(max_length) if self.dilation_factor == "auto" else self.dilation_factor
+        spans = [(self.kernel_size - 1) * factor ** (conv // self.convs_per_block) for conv in range(self.depth * self.convs_per_block)]
+        histories = [torch.zeros(batch_size, span, self.dim, device=device, dtype=dtype) for span in spans]
+        return TcnState(histories, factor, 0, max_length if self.dilation_factor == "auto" else None)
+
+    def step_chunk(self, x: torch.Tensor, state: TcnState, mask) -> tuple[torch.Tensor, TcnState]:
+        """Each convolution on its history and the chunk: O(depth B K k d), whatever the position."""
+        end = state.position + x.shape[1]
+        if state.limit is not None and end > state.limit:
+            raise ValueError(f"this stream's dilation was chosen for max_length={state.limit} tokens; it cannot go on to {end}")
+        taps, bias = self.taps.to(x.dtype), self.bias.to(x.dtype)
+        histories = []
+        for block in range(self.depth):
+            h = x
+            for conv in range(block * self.convs_per_block, (block + 1) * self.convs_per_block):
+                convolved, history = causal_dilated_chunk(zero_padding(h, mask), state.histories[conv], taps[conv], state.factor**block)
+                histories.append(history)
+                h = self.act(convolved + bias[conv])
+            x = x + h
+        return zero_padding(x, mask), TcnState(histories, state.factor, end, state.limit)
 
     def extra_repr(self) -> str:
         return (

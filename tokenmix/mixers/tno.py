@@ -23,6 +23,7 @@ from ..ops.toeplitz import complex_readout, factored_spectral_matvec, spectral_m
 from .base import Mixer, ToeplitzOperator
 from .registry import register_mixer
 from .rpe import RelativePositionEncoder
+from .toeplitz_stream import ToeplitzStreaming
 
 
 def relative_lags(n: int, causal: bool, device=None) -> torch.Tensor:
@@ -81,7 +82,7 @@ class SpectrumCache:
 
 
 @register_mixer("tno")
-class Tno(ToeplitzOperator, Mixer):
+class Tno(ToeplitzStreaming, ToeplitzOperator, Mixer):
     """Toeplitz neural operator mixer (name ``tno``)."""
 
     fft_based = True  # benchmarks compare it with a bare rfft + irfft round trip

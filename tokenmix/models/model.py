@@ -5,8 +5,13 @@
 - task "classify": bidirectional blocks, masked mean pooling, logits (batch, num_classes).
 The embedding is scaled by sqrt(dim); there is no positional embedding (the mixers carry position).
 
-Recurrent models (Transformer-XL and FNetAR-XL) read a stream segment by segment: each block keeps
-the block inputs of recent segments as memory (no gradient), carried in a ``SegmentState``.
+Streaming (task "lm"): ``logits, state = model(tokens, state=state, return_state=True)`` continues
+the stream in ``state`` (None: a new one, ``init_state``); any chunking gives the logits of one
+forward over the whole stream. The state is a ``ModelState``: each block's own state (a block
+carries its parts'), so a prompt is read once and every new token costs one step.
+Recurrent models (Transformer-XL and FNetAR-XL) read a stream segment by segment: with
+``init_state(..., segment_length=S)`` each block keeps the block inputs of earlier segments as
+memory (no gradient), the way they are trained.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import torch
 from torch import nn
 
 from ..mixers.base import check_mask
+from ..state import StreamState, check_state
+from ..validation import check_int
 from .config import ModelConfig
 from .registry import model_spec
 
@@ -37,10 +44,29 @@ def check_tokens(tokens: torch.Tensor, vocab_size: int, mask: torch.Tensor | Non
 
 @dataclass
 class SegmentState:
-    """What a recurrent model carries between segments: per-block memory and the stream position."""
+    """The memory checkpoints written before streaming states held (kept so they still load; see
+    ``ModelState.from_segment_state``)."""
 
     memory: list[torch.Tensor]
     position: int = 0
+
+
+@dataclass
+class ModelState(StreamState):
+    """A model's stream: every block's state, the position, and which model it belongs to."""
+
+    blocks: list
+    position: int
+    model: str
+
+    @classmethod
+    def from_segment_state(cls, legacy: SegmentState, model: SequenceModel, segment_length: int) -> ModelState:
+        """The state an older checkpoint's ``SegmentState`` stands for (XL blocks at a segment boundary)."""
+        state = model.init_state(legacy.memory[0].shape[0], legacy.memory[0].device, legacy.memory[0].dtype, segment_length=segment_length)
+        for block, memory in zip(state.blocks, legacy.memory, strict=True):
+            block.memory, block.position = memory, legacy.position
+        state.position = legacy.position
+        return state
 
 
 class SequenceModel(nn.Module):
@@ -64,26 +90,59 @@ class SequenceModel(nn.Module):
         self.final_norm = nn.LayerNorm(config.dim)
         self.classifier = nn.Linear(config.dim, config.num_classes) if config.task == "classify" else None
 
-    def hidden_states(self, tokens: torch.Tensor, mask: torch.Tensor | None = None, state: SegmentState | None = None):
-        """Final-norm hidden states (batch, n, dim) and, for recurrent models, the next SegmentState."""
+    @property
+    def signature(self) -> str:
+        """What a state must have been made for: this model's name, sizes and options."""
+        return self.config.to_json()
+
+    def init_state(
+        self,
+        batch_size: int,
+        device=None,
+        dtype: torch.dtype | None = None,
+        *,
+        max_length: int | None = None,
+        segment_length: int | None = None,
+    ) -> ModelState:
+        """The state before the first token (task "lm").
+
+        ``max_length``: the longest stream expected (mixers whose operator depends on the length use
+        it, see ``Mixer.init_state``); ``segment_length``: the segment of the XL blocks' memory.
+        """
+        if self.config.task != "lm":
+            raise ValueError(f"only causal language models stream; this model has task={self.config.task!r}")
+        check_int(batch_size, "batch_size", minimum=0)
+        weight = self.embedding.weight
+        device, dtype = torch.device(device) if device is not None else weight.device, dtype or weight.dtype
+        blocks = [
+            block.init_state(batch_size, device, dtype, max_length=max_length, segment_length=segment_length) for block in self.blocks
+        ]
+        return ModelState(blocks, 0, self.signature)
+
+    def hidden_states(self, tokens: torch.Tensor, mask: torch.Tensor | None = None, state: ModelState | None = None):
+        """Final-norm hidden states (batch, n, dim); with a state, the stream continued and the next state."""
         check_tokens(tokens, self.config.vocab_size, mask)
         x = self.embedding_dropout(self.embedding(tokens) * math.sqrt(self.config.dim))
-        if not self.recurrent:
+        if state is None:
             for block in self.blocks:
                 x = block(x, mask)
             return self.final_norm(x), None
-        memories = state.memory if state is not None else [None] * len(self.blocks)
-        start = state.position if state is not None else 0
-        kept = []
-        for block, memory in zip(self.blocks, memories, strict=True):
-            kept.append(_remember(memory, x, block.memory_length))
-            x = block(x, mask, memory, start)
-        return self.final_norm(x), SegmentState(kept, start + tokens.shape[1])
+        check_state(state, ModelState, tokens.shape[0], None, f"model {self.config.name!r}")
+        if state.model != self.signature:
+            raise ValueError(f"state was made by another model; expected one from this {self.config.name!r} model's init_state")
+        blocks = []
+        for block, block_state in zip(self.blocks, state.blocks, strict=True):
+            x, block_state = block.step(x, block_state, mask)
+            blocks.append(block_state)
+        return self.final_norm(x), ModelState(blocks, state.position + tokens.shape[1], state.model)
 
     def forward(
-        self, tokens: torch.Tensor, mask: torch.Tensor | None = None, *, state: SegmentState | None = None, return_state: bool = False
+        self, tokens: torch.Tensor, mask: torch.Tensor | None = None, *, state: ModelState | None = None, return_state: bool = False
     ):
-        """Logits; with ``return_state=True`` also the SegmentState for the next segment (recurrent models)."""
+        """Logits; with ``state`` or ``return_state=True``, the stream's next logits and the state after them."""
+        if state is None and return_state:
+            check_tokens(tokens, self.config.vocab_size, mask)
+            state = self.init_state(tokens.shape[0], tokens.device)
         h, next_state = self.hidden_states(tokens, mask, state)
         if self.classifier is None:
             logits = h @ self.embedding.weight.t()
@@ -101,13 +160,6 @@ class SequenceModel(nn.Module):
         from .pretrained import save_pretrained
 
         save_pretrained(self, directory)
-
-
-def _remember(memory: torch.Tensor | None, inputs: torch.Tensor, length: int) -> torch.Tensor:
-    """The newest ``length`` block inputs of [memory; inputs], detached."""
-    inputs = inputs.detach()
-    joined = inputs if memory is None else torch.cat([memory, inputs], dim=1)
-    return joined[:, max(0, joined.shape[1] - length) :]
 
 
 def build_model(

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 RelativeBias = Callable[[int], torch.Tensor]  # size s -> (s, s) additive bias b[i - j]
 
 
-def rotary(x: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding (Su et al. 2021) of positions 0 .. n-1 on x (..., n, e), e even.
+def rotary(x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    """Rotary position embedding (Su et al. 2021) of positions offset .. offset + n - 1 on x (..., n, e), e even.
 
     Pairs (x_2i, x_2i+1) turn by angle t * 10000^(-2i/e), so q_s . k_t depends on s - t only.
     """
@@ -27,7 +27,8 @@ def rotary(x: torch.Tensor) -> torch.Tensor:
     if e % 2:
         raise ValueError(f"rotary positions need an even head width, got {e}")
     frequencies = torch.exp(torch.arange(0, e, 2, device=x.device, dtype=torch.float32) * (-math.log(10000.0) / e))
-    angles = torch.arange(n, device=x.device, dtype=torch.float32)[:, None] * frequencies
+    positions = torch.arange(offset, offset + n, device=x.device, dtype=torch.float64)
+    angles = (positions[:, None] * frequencies.double()).float()
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     even, odd = x[..., 0::2], x[..., 1::2]
     return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)

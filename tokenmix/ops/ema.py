@@ -60,6 +60,9 @@ def ema_chunk(
     _check_ema(input_weight, decay, readout)
     k = x.shape[1]
     state = state.to(decay.dtype)
+    if k == 1:  # one input: the recurrence itself
+        new_state = input_weight * x[:, 0, :, None].to(decay.dtype) + decay * state
+        return (readout * new_state).sum(-1)[:, None].to(x.dtype), new_state
     steps = torch.arange(k + 1, device=decay.device, dtype=decay.dtype)
     powers = torch.exp(decay.log()[..., None] * steps)  # q^0 ... q^k, (d, N, k + 1)
     kernel = torch.einsum("dj,djl->ld", readout * input_weight, powers[..., :k])

@@ -51,7 +51,7 @@ def _evaluate_streams(model, data: torch.Tensor, length: int, batch_size: int) -
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    total, state = 0.0, None
+    total, state = 0.0, model.init_state(rows, device, segment_length=length)
     for start in range(0, stream_length, length):
         window = table[:, start : start + length + 1].to(device)
         logits, state = model(window[:, :-1], state=state, return_state=True)

@@ -1,45 +1,154 @@
-"""Autoregressive sampling (full recompute per token; no decoding cache yet)."""
+"""Autoregressive generation from a causal LM, with the model's streaming state.
+
+``generate`` reads the prompts once (a prefill of the length they share, in one call), then adds
+one token per call: each row's remaining prompt tokens are fed as given, and once a row's prompt
+is used up its next token is chosen from the logits (greedy at temperature 0, else sampled with
+top-k / top-p). Rows that have all their tokens or hit their stop leave the batch
+(``state.select``). ``naive_generate`` re-runs the whole sequence for every token: the reference
+the tests hold ``generate`` to.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
+
+from ..validation import check_int, check_number
+
+Stop = int | str | Sequence[int] | None
+
+
+def _check_options(model, prompts, max_new_tokens, temperature, top_k, top_p) -> list[torch.Tensor]:
+    if model.config.task != "lm":
+        raise ValueError(f"generate needs a model with task='lm', got task={model.config.task!r}")
+    if isinstance(prompts, torch.Tensor) or not isinstance(prompts, (list, tuple)) or not prompts:
+        raise ValueError("prompts must be a non-empty list of 1-D token id tensors")
+    for index, prompt in enumerate(prompts):
+        if not isinstance(prompt, torch.Tensor) or prompt.dim() != 1 or prompt.numel() < 1 or prompt.is_floating_point():
+            raise ValueError(f"prompts[{index}] must be a non-empty 1-D tensor of token ids")
+    check_int(max_new_tokens, "max_new_tokens", minimum=0)
+    check_number(temperature, "temperature (0 means greedy)", minimum=0)
+    if top_k is not None:
+        check_int(top_k, "top_k")
+    if top_p is not None:
+        check_number(top_p, "top_p", minimum=0, maximum=1, open_minimum=True)
+    return list(prompts)
+
+
+def stop_ids(stop: Stop, vocab_size: int) -> list[int] | None:
+    """The token ids that end a row: a token id, a list of ids, or a string (UTF-8 bytes; byte models)."""
+    if stop is None:
+        return None
+    if isinstance(stop, str):
+        if vocab_size != 256:
+            raise ValueError(
+                f"stop as a string is encoded as UTF-8 bytes, which needs a byte model (vocabulary 256), not {vocab_size}; pass token ids"
+            )
+        ids = list(stop.encode())
+    elif isinstance(stop, int) and not isinstance(stop, bool):
+        ids = [stop]
+    else:
+        ids = list(stop)
+    if not ids or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab_size for i in ids):
+        raise ValueError(f"stop must be a token id in [0, {vocab_size}), a non-empty list of them, or a string; got {stop!r}")
+    return ids
+
+
+def choose_tokens(
+    logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator | None
+) -> torch.Tensor:
+    """One token per row of logits (rows, vocab): the argmax at temperature 0, else a sample from
+    softmax(logits / temperature) restricted to the top_k most likely and the smallest set whose
+    probability reaches top_p (nucleus sampling, Holtzman et al. 2020)."""
+    logits = logits.float()
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        threshold = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < threshold, float("-inf"))
+    if top_p is not None and top_p < 1:
+        ordered, order = logits.sort(dim=-1, descending=True)
+        before = ordered.softmax(dim=-1).cumsum(dim=-1) - ordered.softmax(dim=-1)  # probability of the tokens ranked above
+        ordered = ordered.masked_fill(before >= top_p, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, ordered)
+    probabilities = torch.softmax(logits, dim=-1).cpu()
+    return torch.multinomial(probabilities, 1, generator=generator)[:, 0].to(logits.device)
+
+
+def _ends_with(tokens: list[int], stop: list[int] | None) -> bool:
+    return stop is not None and len(tokens) >= len(stop) and tokens[len(tokens) - len(stop) :] == stop
 
 
 @torch.no_grad()
 def generate(
     model,
-    prompt: torch.Tensor,
+    prompts: list[torch.Tensor],
     max_new_tokens: int,
+    *,
     temperature: float = 1.0,
     top_k: int | None = None,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """Extend ``prompt`` (1-D token ids) by ``max_new_tokens`` sampled tokens; returns the new ids."""
-    if model.config.task != "lm":
-        raise ValueError(f"generate needs a model with task='lm', got task={model.config.task!r}")
-    if prompt.dim() != 1 or prompt.numel() < 1:
-        raise ValueError("prompt must be a non-empty 1-D tensor of token ids")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    top_p: float | None = None,
+    stop: Stop = None,
+    seed: int | None = None,
+    segment_length: int | None = None,
+    on_token: Callable[[int, int], None] | None = None,
+) -> list[torch.Tensor]:
+    """The new token ids of each prompt (1-D id tensors of any lengths), decoded with the model's state.
+
+    ``stop``: a token id, a list of ids or a string (UTF-8 bytes, byte models) that ends a row; the
+    row's ids end with it. ``seed`` fixes the sampling. ``segment_length``: the segment of XL
+    models' memory (default: none, the whole stream is one segment). ``on_token(row, id)`` is
+    called for every new token as it is chosen (streaming output).
+    """
+    prompts = _check_options(model, prompts, max_new_tokens, temperature, top_k, top_p)
+    stop = stop_ids(stop, model.config.vocab_size)
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    tokens = prompt.to(device)
-    for _ in range(max_new_tokens):
-        logits = model(tokens[None])[0, -1].float()
-        if temperature == 0:
-            next_token = logits.argmax()
-        else:
-            logits = logits / temperature
-            if top_k is not None and top_k < logits.numel():
-                threshold = logits.topk(top_k).values[-1]
-                logits = logits.masked_fill(logits < threshold, float("-inf"))
-            probabilities = torch.softmax(logits, dim=-1).cpu()
-            next_token = torch.multinomial(probabilities, 1, generator=generator)[0].to(device)
-        tokens = torch.cat([tokens, next_token.view(1)])
+    lengths = [prompt.numel() for prompt in prompts]
+    new: list[list[int]] = [[] for _ in prompts]
+    shared = min(lengths)
+    state = model.init_state(len(prompts), device, max_length=max(lengths) + max_new_tokens, segment_length=segment_length)
+    logits, state = model(torch.stack([prompt[:shared] for prompt in prompts]).to(device), state=state, return_state=True)
+    rows, position = list(range(len(prompts))), shared  # rows still in the batch; tokens read so far
+    while rows and max_new_tokens:
+        chosen = choose_tokens(logits[:, -1], temperature, top_k, top_p, generator).tolist()
+        inputs, kept = [], []
+        for slot, row in enumerate(rows):
+            if position < lengths[row]:
+                inputs.append(int(prompts[row][position]))  # still reading this row's prompt
+            else:
+                new[row].append(chosen[slot])
+                inputs.append(chosen[slot])
+                if on_token is not None:
+                    on_token(row, chosen[slot])
+            if len(new[row]) < max_new_tokens and not _ends_with(new[row], stop):
+                kept.append(slot)
+        if len(kept) < len(rows):
+            rows = [rows[slot] for slot in kept]
+            if not rows:
+                break
+            state = state.select(kept)
+            inputs = [inputs[slot] for slot in kept]
+        logits, state = model(torch.tensor(inputs, device=device)[:, None], state=state, return_state=True)
+        position += 1
     model.train(was_training)
-    return tokens[prompt.numel() :].cpu()
+    return [torch.tensor(ids, dtype=torch.long) for ids in new]
+
+
+@torch.no_grad()
+def naive_generate(model, prompt: torch.Tensor, max_new_tokens: int, stop: Stop = None) -> torch.Tensor:
+    """Reference (tests only): greedy decoding that re-runs the whole sequence for every token."""
+    stop = stop_ids(stop, model.config.vocab_size)
+    was_training = model.training
+    model.eval()
+    tokens = prompt.to(next(model.parameters()).device)
+    new: list[int] = []
+    while len(new) < max_new_tokens and not _ends_with(new, stop):
+        new.append(int(model(tokens[None])[0, -1].argmax()))
+        tokens = torch.cat([tokens, tokens.new_tensor(new[-1:])])
+    model.train(was_training)
+    return torch.tensor(new, dtype=torch.long)

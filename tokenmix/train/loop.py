@@ -31,7 +31,7 @@ from ..data.recall import AssociativeRecall
 from ..data.sources import DataSource, load_data
 from ..devices import resolve_device
 from ..models.config import ModelConfig
-from ..models.model import SegmentState, SequenceModel
+from ..models.model import ModelState, SegmentState, SequenceModel
 from ..models.pretrained import save_pretrained
 from ..progress import progress_bar
 from ..validation import check_int, check_number, set_finite_checks
@@ -150,10 +150,8 @@ def _check_world_size(checkpoint: dict, world_size: int) -> None:
         raise ValueError(f"--resume: the checkpoint was written by {written_by} processes; resume with as many")
 
 
-def _to_device(state: SegmentState | None, device) -> SegmentState | None:
-    if state is None:
-        return None
-    return SegmentState([memory.to(device) for memory in state.memory], state.position)
+def _to_device(state: ModelState | None, device) -> ModelState | None:
+    return None if state is None else state.to(device)
 
 
 class StopSignals:
@@ -234,7 +232,7 @@ class Trainer:
         self.total_steps = config.steps
         self.train_seconds = 0.0  # wall time of training steps over every session of the run
         self.resumes: list[dict] = []
-        self.segment_state: SegmentState | None = None
+        self.segment_state: ModelState | None = None
         self.streams = None
         if self.model.recurrent:
             rank, world = self.context.rank, self.context.world_size
@@ -306,7 +304,10 @@ class Trainer:
                 group["lr"] = base_lr * self._multiplier(self.step)  # the schedule of the new run length, from this step on
         restore_rng_state(state["rng"])
         segment_states = state.get("segment_states") or [None] * self.context.world_size
-        self.segment_state = _to_device(segment_states[self.context.rank], self.device)
+        segment_state = segment_states[self.context.rank]
+        if isinstance(segment_state, SegmentState):  # written before streaming states
+            segment_state = ModelState.from_segment_state(segment_state, self.model, self.config.seq_len)
+        self.segment_state = _to_device(segment_state, self.device)
         if changes:
             self.resumes.append({"step": self.step, "changed": changes})
         self.log({"step": self.step, "event": "resume", "changed": changes})
@@ -344,7 +345,7 @@ class Trainer:
         else:
             inputs, targets, fresh = self.streams.batch(self.step)
             inputs, targets = inputs.to(self.device), targets.to(self.device)
-            state = None if fresh else self.segment_state
+            state = self.model.init_state(inputs.shape[0], self.device, segment_length=self.config.seq_len) if fresh else self.segment_state
             logits, self.segment_state = self.trained(inputs, state=state, return_state=True)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
         self.optimizer.zero_grad(set_to_none=True)

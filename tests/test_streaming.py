@@ -1,0 +1,207 @@
+"""The streaming contract, over the registries: any chunking through ``step`` equals one forward.
+
+Every causal mixer (``list_mixers()``) and every causal language model (``list_models()``) is held
+to it at lengths 1, 7, 100, 1000 and 1024, float32 (relative error <= 1e-5) and float64
+(<= 1e-10), with padding masks, and cached generation to recompute generation token for token.
+"""
+
+import pytest
+import torch
+from conftest import LENGTHS, random_chunks, relative_error
+from test_contracts import CAUSAL, LM_MODELS, MODES, mixer, model, padded_pair
+
+import tokenmix
+from tokenmix.train.generate import naive_generate
+
+TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-10}
+BOUNDED_STATES = ["ema", "tcn", "chunked_attention", "fnet_ar"]  # the state does not grow with the position
+
+
+def streamed(step, x: torch.Tensor, chunks: list[slice], state, mask=None):
+    """Outputs of ``step`` over x cut into ``chunks``, concatenated, and the last state."""
+    outputs = []
+    for chunk in chunks:
+        y, state = step(x[:, chunk], state, None if mask is None else mask[:, chunk])
+        outputs.append(y)
+    return torch.cat(outputs, dim=1), state
+
+
+def prompt_then_tokens(n: int) -> list[slice]:
+    """A prompt of half the stream in one call, then one token per call."""
+    half = max(1, n // 2)
+    return [slice(0, half)] + [slice(t, t + 1) for t in range(half, n)]
+
+
+CHUNKINGS = {"random": random_chunks, "prompt": prompt_then_tokens}
+
+
+def causal_mixer(name, dtype):
+    return mixer(name, True).to(dtype).eval()
+
+
+# --- mixers --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("name", CAUSAL)
+def test_mixer_streaming_equals_forward(name, length, dtype):
+    module = causal_mixer(name, dtype)
+    x = torch.randn(2, length, module.dim, dtype=dtype)
+    with torch.no_grad():
+        whole = module(x)
+        for chunking in CHUNKINGS.values():
+            y, _ = streamed(module.step, x, chunking(length), module.init_state(2, dtype=dtype, max_length=length))
+            assert relative_error(y, whole) <= TOLERANCE[dtype], chunking.__name__
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_mixer_streaming_with_padding_equals_forward(name):
+    module = causal_mixer(name, torch.float64)
+    x, _, mask = padded_pair((2, 60), lambda: torch.randn(2, 60, module.dim, dtype=torch.float64))
+    with torch.no_grad():
+        y, _ = streamed(module.step, x, random_chunks(60, seed=3), module.init_state(2, dtype=torch.float64, max_length=60), mask)
+        assert relative_error(y, module(x, mask)) <= 1e-10
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_a_prefill_leaves_the_state_that_single_steps_leave(name):
+    module = causal_mixer(name, torch.float64)
+    x = torch.randn(2, 90, module.dim, dtype=torch.float64)
+    singles = [slice(t, t + 1) for t in range(80)]
+    with torch.no_grad():
+        _, prefilled = module.step(x[:, :80], module.init_state(2, dtype=torch.float64, max_length=90))
+        _, stepped = streamed(module.step, x[:, :80], singles, module.init_state(2, dtype=torch.float64, max_length=90))
+        after_prefill, _ = streamed(module.step, x[:, 80:], singles[:10], prefilled)
+        after_steps, _ = streamed(module.step, x[:, 80:], singles[:10], stepped)
+    assert relative_error(after_prefill, after_steps) <= 1e-10
+
+
+@pytest.mark.parametrize("name", BOUNDED_STATES)
+def test_bounded_states_do_not_grow_with_the_position(name):
+    """At positions 300 and 556 (256 later: the same place in a chunk of 128) the state has one size."""
+    module = causal_mixer(name, torch.float32)
+    x = torch.randn(1, 556, module.dim)
+    with torch.no_grad():
+        _, early = module.step(x[:, :300], module.init_state(1, max_length=556))
+        _, late = module.step(x[:, 300:], early.to())
+    assert late.nbytes() == early.nbytes() > 0
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_bad_streaming_input_is_refused_with_what_was_expected(name):
+    module = causal_mixer(name, torch.float32)
+    state = module.init_state(2, max_length=20)
+    x = torch.randn(2, 3, module.dim)
+    with pytest.raises(ValueError, match="batch size"):
+        module.step(x[:1], state)
+    with pytest.raises(ValueError, match="float64"):
+        module.step(x.double(), state)
+    with pytest.raises(ValueError, match="channels"):
+        module.step(torch.randn(2, 3, module.dim + 2), state)
+    other = next(n for n in CAUSAL if type(causal_mixer(n, torch.float32).init_state(1, max_length=20)) is not type(state))
+    with pytest.raises(ValueError, match=f"must be a {type(state).__name__}"):
+        module.step(x, causal_mixer(other, torch.float32).init_state(2, max_length=20))
+
+
+@pytest.mark.parametrize("name", sorted({name for name, causal in MODES if not causal}))
+def test_bidirectional_mixers_refuse_to_stream(name):
+    with pytest.raises(ValueError, match="causal=True"):
+        mixer(name, False).init_state(1)
+
+
+def test_fd_tno_streams_the_operator_of_its_horizon_and_doubles_it():
+    """No max_length: outputs up to 1024 are those of a 1024-token forward, later ones of a 2048-token forward."""
+    module = causal_mixer("fd_tno", torch.float64)
+    x = torch.randn(1, 2048, module.dim, dtype=torch.float64)
+    chunks = random_chunks(1024, seed=1) + [slice(1024, 1030), slice(1030, 1500)]
+    with torch.no_grad():
+        y, state = streamed(module.step, x[:, :1500], chunks, module.init_state(1, dtype=torch.float64))
+        assert relative_error(y[:, :1024], module(x[:, :1024])) <= 1e-10
+        assert relative_error(y[:, 1024:], module(x)[:, 1024:1500]) <= 1e-10
+    assert state.horizon == 2048
+
+
+def test_an_auto_dilated_tcn_streams_up_to_the_length_it_was_told():
+    module = mixer("tcn", True, dilation_factor="auto").double().eval()
+    with pytest.raises(ValueError, match="max_length"):
+        module.init_state(1)
+    x = torch.randn(1, 40, module.dim, dtype=torch.float64)
+    with torch.no_grad():
+        y, state = streamed(module.step, x, random_chunks(40), module.init_state(1, dtype=torch.float64, max_length=40))
+        assert relative_error(y, module(x)) <= 1e-10
+        with pytest.raises(ValueError, match="max_length=40"):
+            module.step(x[:, :1], state)
+
+
+# --- models --------------------------------------------------------------------------------------
+def model_step(network):
+    def step(tokens, state, mask):
+        return network(tokens, mask, state=state, return_state=True)
+
+    return step
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("name", LM_MODELS)
+def test_model_streaming_equals_forward(name, length, dtype):
+    """Lengths past 128 are past what a model of these tests would be trained on; the stream does not care."""
+    network = model(name).to(dtype).eval()
+    tokens = torch.randint(0, 20, (2, length))
+    with torch.no_grad():
+        whole = network(tokens)
+        for chunking in CHUNKINGS.values():
+            state = network.init_state(2, dtype=dtype, max_length=length)
+            logits, state = streamed(model_step(network), tokens, chunking(length), state)
+            assert relative_error(logits, whole) <= TOLERANCE[dtype], chunking.__name__
+            assert state.position == length
+
+
+@pytest.mark.parametrize("name", LM_MODELS)
+def test_model_streaming_with_padding_equals_forward(name):
+    network = model(name).double().eval()
+    tokens, _, mask = padded_pair((2, 50), lambda: torch.randint(0, 20, (2, 50)))
+    with torch.no_grad():
+        logits, _ = streamed(model_step(network), tokens, random_chunks(50, seed=2), network.init_state(2, max_length=50), mask)
+        assert relative_error(logits, network(tokens, mask)) <= 1e-10
+
+
+@pytest.mark.parametrize("name", LM_MODELS)
+def test_greedy_cached_generation_equals_recompute_and_batching_changes_nothing(name):
+    network = model(name).double()
+    prompts = [torch.randint(0, 20, (size,)) for size in (3, 11, 1)]
+    batched = tokenmix.generate(network, prompts, 30, temperature=0)
+    for prompt, new in zip(prompts, batched, strict=True):
+        assert torch.equal(new, naive_generate(network, prompt, 30))
+        assert torch.equal(new, tokenmix.generate(network, [prompt], 30, temperature=0)[0])
+
+
+@pytest.mark.parametrize("name", LM_MODELS)
+def test_a_model_state_moves_selects_rows_and_reports_its_size(name):
+    network = model(name).double().eval()
+    tokens = torch.randint(0, 20, (3, 12))
+    with torch.no_grad():
+        _, state = network(tokens[:, :10], state=network.init_state(3, max_length=12), return_state=True)
+        kept = state.select([2, 0])
+        logits, _ = network(tokens[[2, 0], 10:], state=kept.to("cpu"), return_state=True)
+        assert relative_error(logits, network(tokens[[2, 0]])[:, 10:]) <= 1e-10
+    assert state.nbytes() > 0 and kept.batch_size == 2
+
+
+@pytest.mark.parametrize("name", LM_MODELS)
+def test_a_model_refuses_a_state_it_did_not_make(name):
+    network = model(name).eval()
+    tokens = torch.randint(0, 20, (2, 4))
+    with pytest.raises(ValueError, match="batch size"):
+        network(tokens, state=network.init_state(3), return_state=True)
+    with pytest.raises(ValueError, match="float64"):
+        network(tokens, state=network.init_state(2, dtype=torch.float64), return_state=True)
+    other = next(n for n in LM_MODELS if n != name)
+    with pytest.raises(ValueError, match="another model"):
+        network(tokens, state=model(other).init_state(2), return_state=True)
+    with pytest.raises(ValueError, match="ModelState"):
+        network(tokens, state=[], return_state=True)
+
+
+def test_models_of_other_tasks_do_not_stream():
+    with pytest.raises(ValueError, match="task"):
+        model("tnn", task="mlm").init_state(1)

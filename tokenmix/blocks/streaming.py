@@ -1,0 +1,81 @@
+"""How a block streams: one body for ``forward`` and ``step``, its parts run plainly or stepped.
+
+A block writes its computation once, as ``body(x, mask, run)``, calling ``run(part, h)`` wherever
+a streaming part (a mixer, or a GTU around one) mixes tokens. ``forward`` passes ``Forward``,
+which calls ``part(h, mask)``; ``step`` passes ``PartSteps``, which steps each part with its own
+state from the block's ``BlockState`` and collects the new ones, in the same order. So a block
+never needs to know what kind of mixer it holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..state import StreamState, check_state
+from ..validation import check_int
+
+
+@dataclass
+class BlockState(StreamState):
+    """The states of a block's streaming parts, in the order its body runs them."""
+
+    parts: list
+
+
+class Forward:
+    """``run`` for a plain forward: ``part(h, mask)``."""
+
+    def __init__(self, mask: torch.Tensor | None):
+        self.mask = mask
+
+    def __call__(self, part, h: torch.Tensor) -> torch.Tensor:
+        return part(h, self.mask)
+
+
+class PartSteps:
+    """``run`` for a step: each call steps the next part with the next state of ``state``."""
+
+    def __init__(self, state: BlockState, mask: torch.Tensor | None):
+        self.states, self.mask, self.new = iter(state.parts), mask, []
+
+    def __call__(self, part, h: torch.Tensor) -> torch.Tensor:
+        y, state = part.step(h, next(self.states), self.mask)
+        self.new.append(state)
+        return y
+
+    def state(self) -> BlockState:
+        return BlockState(self.new)
+
+
+class StreamingBlock:
+    """Mixin: ``forward`` and ``step`` from ``body(x, mask, run)`` and the parts ``stream_parts()``."""
+
+    def stream_parts(self) -> list:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def init_state(
+        self,
+        batch_size: int,
+        device=None,
+        dtype: torch.dtype | None = None,
+        *,
+        max_length: int | None = None,
+        segment_length: int | None = None,
+    ) -> BlockState:
+        """Every part's empty state; ``segment_length`` concerns segment-recurrent (XL) blocks only."""
+        check_int(batch_size, "batch_size", minimum=0)
+        return BlockState([part.init_state(batch_size, device, dtype, max_length=max_length) for part in self.stream_parts()])
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.body(x, mask, Forward(mask))
+
+    def step(self, x: torch.Tensor, state: BlockState, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, BlockState]:
+        check_state(state, BlockState, x.shape[0], None, f"this {type(self).__name__}")
+        if len(state.parts) != len(self.stream_parts()):
+            raise ValueError(
+                f"state holds {len(state.parts)} part states but this {type(self).__name__} streams {len(self.stream_parts())} parts"
+            )
+        steps = PartSteps(state, mask)
+        return self.body(x, mask, steps), steps.state()

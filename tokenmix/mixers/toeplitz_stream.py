@@ -1,0 +1,93 @@
+"""Streaming for the causal Toeplitz mixers (tno, ski_tno, fd_tno): exact decoding in O(L log^2 L).
+
+A causal Toeplitz mixer is y_t = sum_{s <= t} t_{t-s} x_s with taps t_k by lag. Decoding runs the
+relaxed tiled product of ``ops/online_toeplitz.py`` (Flash Inference, Oncescu et al., arXiv
+2410.12982, §3) on taps computed once per power-of-two number of lags and cached until the
+weights change. A chunk at the start of the stream (a prompt) or of at least ``PARALLEL_CHUNK``
+tokens runs the parallel FFT product instead and rebuilds the state from the inputs, exactly as
+if they had been stepped one by one.
+
+A mixer whose taps depend on the sequence length (``fd_tno``: the RPE is evaluated on the FFT
+grid of the length) streams the operator of a horizon: ``max_length`` when given, else
+``DEFAULT_HORIZON``; a stream that passes its horizon doubles it and rebuilds its state from the
+inputs with the finer grid's taps, so each output equals one forward over the horizon in force.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..ops.fft import spectral_dtype
+from ..ops.online_toeplitz import OnlineToeplitzState, TileKernels, empty_state, online_step, prefill_state, required_lags
+from ..ops.toeplitz import toeplitz_matvec
+from ..state import StreamState
+
+PARALLEL_CHUNK = 32  # chunks this long (or a stream's first) take the parallel path: its O(t log t) beats k online steps
+DEFAULT_HORIZON = 1024
+
+
+@dataclass
+class ToeplitzStreamState(StreamState):
+    """The online product's state and the horizon whose operator the stream applies."""
+
+    online: OnlineToeplitzState
+    horizon: int
+
+
+class ToeplitzStreaming:
+    """Mixin of causal mixers given by taps ``stream_taps(lags, horizon)`` (lags 0 ... lags - 1, (lags, dim))."""
+
+    state_type = ToeplitzStreamState
+    taps_depend_on_length = False  # True: the taps change with the horizon (see the module docstring)
+
+    def stream_taps(self, lags: int, horizon: int) -> torch.Tensor:
+        return self.kernel(lags)
+
+    def state_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return spectral_dtype(dtype)
+
+    def empty_state(self, batch_size: int, device, dtype: torch.dtype, max_length: int | None) -> ToeplitzStreamState:
+        return ToeplitzStreamState(empty_state(batch_size, self.dim, device=device, dtype=dtype), max_length or DEFAULT_HORIZON)
+
+    def _tile_kernels(self, lags: int, horizon: int, device, dtype: torch.dtype) -> TileKernels:
+        """Taps for at least ``lags`` lags, cached (by power of two) while the weights and horizon stay."""
+        capacity = 64
+        while capacity < lags:
+            capacity *= 2
+        if self.taps_depend_on_length:
+            capacity = max(lags, min(capacity, 2 * horizon))
+        if torch.is_grad_enabled():
+            return TileKernels(self.stream_taps(capacity, horizon).to(device, dtype))
+        key = (
+            horizon if self.taps_depend_on_length else None,
+            str(device),
+            dtype,
+            tuple((p.data_ptr(), p._version) for p in self.parameters()),
+        )
+        cached = self.__dict__.get("_stream_kernels")
+        if cached is None or cached[0] != key or len(cached[1]) < lags:
+            cached = (key, TileKernels(self.stream_taps(capacity, horizon).to(device, dtype)))
+            self.__dict__["_stream_kernels"] = cached
+        return cached[1]
+
+    def step_chunk(self, x: torch.Tensor, state: ToeplitzStreamState, mask) -> tuple[torch.Tensor, ToeplitzStreamState]:
+        online, horizon = state.online, state.horizon
+        start, count = online.position, x.shape[1]
+        end = start + count
+        work = x.to(online.inputs.dtype)
+        if self.taps_depend_on_length and end > horizon:
+            while horizon < end:
+                horizon *= 2
+            kernels = self._tile_kernels(required_lags(max(start - 1, 0)), horizon, x.device, work.dtype)
+            online = prefill_state(online.inputs[:, :start], kernels)
+        if start == 0 or count >= PARALLEL_CHUNK:
+            inputs = torch.cat([online.inputs[:, :start], work], dim=1)
+            kernels = self._tile_kernels(required_lags(end - 1), horizon, x.device, work.dtype)
+            y = toeplitz_matvec(inputs, kernels.taps[:end], causal=True)[:, start:]
+            online = prefill_state(inputs, kernels)
+        else:
+            kernels = self._tile_kernels(required_lags(end - 1), horizon, x.device, work.dtype)
+            y = torch.stack([online_step(online, work[:, i], kernels) for i in range(count)], dim=1)
+        return y.to(x.dtype), ToeplitzStreamState(online, horizon)
