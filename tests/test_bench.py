@@ -1,5 +1,7 @@
 import json
+import time
 from argparse import Namespace
+from dataclasses import fields
 
 import pytest
 import torch
@@ -7,10 +9,12 @@ import torch
 from tokenmix.bench import MEASUREMENT_FIELDS, Case, measure
 from tokenmix.bench import cli as bench_cli
 from tokenmix.bench.cli import apply_presets, bench_cases
-from tokenmix.bench.measure import failed_measurement
+from tokenmix.bench.records import GenerateMeasurement, MixerGenerateMeasurement, failed_measurement
 from tokenmix.bench.report import markdown_report, reading
+from tokenmix.bench.timing import time_tokens
 from tokenmix.bench.worker import run_in_subprocess
 from tokenmix.cli import build_parser, main
+from tokenmix.models.registry import list_models, model_spec
 from tokenmix.version import source_revision
 
 FIELD_TYPES = {
@@ -233,6 +237,7 @@ def test_compare_matches_records_and_reports_speedups(tmp_path, capsys):
         {**base, "length": 64, "forward_ms": 1.0, "forward_backward_ms": 3.0},
     ]
     after = [{**base, "forward_ms": 5.0, "forward_backward_ms": 20.0, "fwdbwd_ratio_to_fft": 2.0}]
+    after.append({"kind": "generate", "mixer": "tnn", "causal": True, "length": 512, "step_ms": 1.0})  # decoding: not compared
     (tmp_path / "a.json").write_text(json.dumps(before))
     (tmp_path / "b.json").write_text(json.dumps(after))
     assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
@@ -247,3 +252,121 @@ def test_compare_matches_records_and_reports_speedups(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["compare", str(tmp_path / "a.json"), str(tmp_path / "missing.json")])
     assert "not a readable bench JSON" in capsys.readouterr().err
+
+
+GENERATE_SIZES = ["--kinds", "generate", "--model-dim", "8", "--dim", "8", "--repeats", "1", "--threads", "1"]
+
+
+def record_fields(cls) -> set[str]:
+    return {f.name for f in fields(cls)}
+
+
+def test_generate_run_writes_records_tables_and_plots(tmp_path, capsys, monkeypatch):
+    def in_process(case, repeats, threads, profile):  # the measurement itself, without a worker process per case
+        if case.name == "transformer_xl" and case.length == 16:
+            return failed_measurement(case, "RuntimeError: out of memory")
+        return measure(case, repeats)
+
+    monkeypatch.setattr(bench_cli, "run_in_subprocess", in_process)
+    output, plots, report = tmp_path / "bench.json", tmp_path / "plots", tmp_path / "bench.md"
+    arguments = [
+        *GENERATE_SIZES,
+        "--models",
+        "tnn,transformer_xl",
+        "--lengths",
+        "8,16",
+        "--recompute-max",
+        "8",
+        "--stream-lengths",
+        "16,40",
+    ]
+    assert main(["bench", *arguments, "--output", str(output), "--plot", str(plots), "--report", str(report)]) == 1
+    records = json.loads(output.read_text())
+    models = [r for r in records if r["kind"] == "generate"]
+    mixers = [r for r in records if r["kind"] == "generate_mixer"]
+    assert [(r["mixer"], r["length"]) for r in models] == [("tnn", 8), ("tnn", 16), ("transformer_xl", 8), ("transformer_xl", 16)]
+    assert all(set(r) == record_fields(GenerateMeasurement) and r["batch"] == 1 and r["dim"] == 8 for r in models)
+    tnn_8, tnn_16, xl_8, xl_16 = models
+    for record in (tnn_8, tnn_16, xl_8):
+        assert record["error"] is None and record["prefill_ms"] > 0 and record["step_ms"] > 0 and record["state_bytes"] > 0
+    assert tnn_16["state_bytes"] > tnn_8["state_bytes"]
+    assert tnn_8["recompute_ratio"] == pytest.approx(tnn_8["recompute_ms"] / tnn_8["step_ms"]) and not tnn_8["recompute_skipped"]
+    assert tnn_16["recompute_skipped"] and tnn_16["recompute_ms"] is None and tnn_16["error"] is None  # above --recompute-max
+    assert xl_16["error"] == "RuntimeError: out of memory" and xl_16["step_ms"] is None
+    assert [(r["mixer"], r["length"], r["dim"]) for r in mixers] == [("tno", 16, 8), ("tno", 40, 8)]
+    for record in mixers:
+        assert set(record) == record_fields(MixerGenerateMeasurement) and record["error"] is None
+        assert record["direct_finished"] and record["direct_tokens"] == record["length"]
+        assert record["direct_ratio"] == pytest.approx(record["direct_s"] / record["tiled_s"]) and record["max_abs_diff"] < 1e-4
+        for curve in (record["tiled_curve"], record["direct_curve"]):
+            ends = [1, 2, 4, 8, 16] + ([32, 40] if record["length"] == 40 else [])  # windows that double, cut at the length
+            assert [w["to"] for w in curve] == ends and all(w["ms_per_token"] > 0 for w in curve)
+    assert sorted(p.name for p in plots.iterdir()) == ["decode.png", "mixer_decode.png"]
+    text = report.read_text()
+    assert "## Decoding by the models (dim 8)" in text and "## Decoding by a Toeplitz mixer, token by token (dim 8)" in text
+    assert "](plots/decode.png)" in text and "tnn: not recomputed at positions 16 (above --recompute-max)." in text
+    assert "transformer_xl generate (causal) at length 16 failed: RuntimeError: out of memory" in text
+    out = capsys.readouterr().out
+    assert "recompute_ratio" in out and "direct_ratio" in out and "1 of 6 cases failed" in out
+
+
+def test_a_crashing_generate_worker_becomes_a_generate_record():
+    record = run_in_subprocess(Case("generate", "tnn", True, 8, 8, 1, options={"mixer": "nope"}), 1, 1).to_dict()
+    assert (
+        set(record) == record_fields(GenerateMeasurement) and "mixer name must be one of" in record["error"] and record["step_ms"] is None
+    )
+
+
+def test_the_direct_product_stops_at_its_time_limit():
+    case = Case("generate_mixer", "tno", True, 64, 8, 1, limits={"direct_max_seconds": 1e-9})
+    record = measure(case).to_dict()
+    assert record["direct_tokens"] == 1 and not record["direct_finished"] and record["direct_ratio"] is None
+    assert record["direct_curve"] == [{"from": 0, "to": 1, "ms_per_token": record["direct_curve"][0]["ms_per_token"]}]
+    assert record["tiled_curve"][-1]["to"] == 64 and record["max_abs_diff"] < 1e-5  # compared where both did the token
+    lines = reading([record])
+    assert "the direct product was stopped after 1 of 64 tokens" in lines[0]
+
+
+def test_time_tokens_windows_double_and_stop_after_the_limit():
+    times = time_tokens(lambda t: torch.tensor(float(t)), 10, torch.device("cpu"))
+    assert times.tokens == 10 and [(w["from"], w["to"]) for w in times.windows] == [(0, 1), (1, 2), (2, 4), (4, 8), (8, 10)]
+    assert [float(y) for y in times.outputs] == [0, 1, 3, 7, 9]
+    stopped = time_tokens(lambda t: time.sleep(0.01), 1000, torch.device("cpu"), max_seconds=0.035)
+    assert 1 <= stopped.tokens <= 4 and stopped.windows[-1]["to"] == stopped.tokens and stopped.total_ms >= 35
+
+
+def test_generate_cases_and_their_defaults():
+    def cases(*flags):
+        arguments = build_parser().parse_args(["bench", *flags])
+        apply_presets(arguments)
+        return bench_cases(arguments)
+
+    assert not any(case.kind.startswith("generate") for case in cases())  # not part of the default run
+    built = cases("--kinds", "generate")
+    lm_models = sorted({case.name for case in built if case.kind == "generate"})
+    assert lm_models == sorted(n for n in list_models() if "lm" in model_spec(n).tasks)
+    assert sorted({case.length for case in built if case.kind == "generate"}) == [256, 1024, 4096, 16384]
+    mixer_cases = [case for case in built if case.kind == "generate_mixer"]
+    assert [(c.name, c.length, c.dim) for c in mixer_cases] == [("tno", 4096, 1536), ("tno", 16384, 1536), ("tno", 65536, 1536)]
+    assert all(c.batch == 1 and c.causal for c in built)
+    assert {json.dumps(c.limits) for c in built} == {'{"recompute_max": 8192}', '{"direct_max_seconds": 600.0}'}
+    chosen = cases("--kinds", "generate,mixer", "--lengths", "64", "--stream-lengths", "128", "--models", "tnn", "--mixers", "tno")
+    assert [(c.kind, c.length) for c in chosen if c.causal] == [("mixer", 64), ("generate", 64), ("generate_mixer", 128)]
+    assert not cases("--kinds", "generate", "--causal", "no")  # decoding is causal
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--recompute-max", "0"], "argument --recompute-max: must be an integer >= 1, got '0'"),
+        (["--direct-max-seconds", "0"], "argument --direct-max-seconds: must be a finite number > 0"),
+        (["--stream-lengths", "0"], "argument --stream-lengths: lengths must be positive integers"),
+        (["-o", "tno.factored=maybe"], "generate_mixer 'tno' (causal) with options {'factored': 'maybe'}: factored must be true or false"),
+    ],
+)
+def test_bad_generate_options_are_refused_before_anything_is_measured(flags, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(bench_cli, "run_in_subprocess", lambda *arguments: pytest.fail("measured"))
+    output = tmp_path / "bench.json"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", *GENERATE_SIZES, "--models", "tnn", "--lengths", "8", "--stream-lengths", "8", *flags, "--output", str(output)])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err and not output.exists()

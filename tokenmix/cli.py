@@ -331,9 +331,10 @@ def _check_against_recompute(model, prompts, samples, max_new_tokens: int, stop,
     recompute_seconds = time.perf_counter() - started
     agreed = [torch.equal(new, reference) for new, reference in zip(samples, references, strict=True)]
     tokens = sum(len(new) for new in samples)
+    times = f"cached {cached_seconds:.2f} s, recompute {recompute_seconds:.2f} s"
     verdict = "agree on every token" if all(agreed) else f"DISAGREE on prompts {[i + 1 for i, ok in enumerate(agreed) if not ok]}"
     print(
-        f"check: cached and recompute generation {verdict} ({tokens} tokens; cached {cached_seconds:.2f} s, recompute {recompute_seconds:.2f} s)",
+        f"check: cached and recompute generation {verdict} ({tokens} tokens; {times})",
         file=sys.stderr,
     )
     return 0 if all(agreed) else 1

@@ -1,7 +1,9 @@
 """What a benchmark measures: a mixer, one residual block (layer) or a whole model.
 
 A case builds its module and inputs; ``run(module, inputs)`` is the forward pass whose eval-mode
-time and training-mode forward+backward time are measured.
+time and training-mode forward+backward time are measured. The generate kinds measure decoding:
+``generate`` a causal LM model at position ``length`` (tokens: P prompt tokens and the next one),
+``generate_mixer`` a Toeplitz mixer decoding ``length`` inputs one by one.
 """
 
 from __future__ import annotations
@@ -14,10 +16,17 @@ from ..mixers.registry import build_mixer, list_mixers, mixer_class
 from ..models.model import build_model
 from ..models.registry import list_models, model_spec
 
-KINDS = ("mixer", "layer", "model")
+TRAINING_KINDS = ("mixer", "layer", "model")
+KINDS = (*TRAINING_KINDS, "generate")  # what --kinds selects; generate: the generate and generate_mixer cases
+CASE_KINDS = (*KINDS, "generate_mixer")
+MIXER_KINDS = ("mixer", "generate_mixer")  # cases named by a mixer; the others by a model
+GENERATE_KINDS = ("generate", "generate_mixer")
+GENERATE_MIXERS = ("tno",)  # the mixers decoded tiled against the direct product
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MODEL_VOCAB = 256
 MODEL_DEPTH = 2
+GENERATE_DEPTH = 4
+GENERATE_SEGMENT = 512  # the segment of recurrent (XL) models when decoding
 
 
 @dataclass(frozen=True)
@@ -31,11 +40,12 @@ class Case:
     dtype: str = "float32"
     device: str = "cpu"
     options: dict = field(default_factory=dict)
+    limits: dict = field(default_factory=dict)  # generate kinds: recompute_max, direct_max_seconds
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"kind must be one of {list(KINDS)}, got {self.kind!r}")
-        names = list_mixers() if self.kind == "mixer" else list_models()
+        if self.kind not in CASE_KINDS:
+            raise ValueError(f"kind must be one of {list(CASE_KINDS)}, got {self.kind!r}")
+        names = list_mixers() if self.kind in MIXER_KINDS else list_models()
         if self.name not in names:
             raise ValueError(f"{self.kind} name must be one of {names}, got {self.name!r}")
         if self.dtype not in DTYPES:
@@ -48,12 +58,14 @@ class Case:
         """(module on device, inputs); modules get the case's dtype, token inputs stay int64."""
         device, dtype = torch.device(self.device), DTYPES[self.dtype]
         torch.manual_seed(0)
-        if self.kind == "model":
+        if self.kind in ("model", "generate"):
             task = "lm" if self.causal else "mlm"
-            module = build_model(self.name, task=task, vocab_size=MODEL_VOCAB, dim=self.dim, depth=MODEL_DEPTH, **self.options)
-            inputs = torch.randint(0, MODEL_VOCAB, (self.batch, self.length), device=device)
+            depth = GENERATE_DEPTH if self.kind == "generate" else MODEL_DEPTH
+            module = build_model(self.name, task=task, vocab_size=MODEL_VOCAB, dim=self.dim, depth=depth, **self.options)
+            length = self.length + (self.kind == "generate")  # generate: the prompt and the next token
+            inputs = torch.randint(0, MODEL_VOCAB, (self.batch, length), device=device)
         else:
-            if self.kind == "mixer":
+            if self.kind in MIXER_KINDS:
                 module = build_mixer(self.name, self.dim, self.causal, **self.options)
             else:
                 spec = model_spec(self.name)  # the top layer of a two-layer stack (fnet_ar_xl: its FNetAR layer)
@@ -68,7 +80,11 @@ class Case:
 
 
 def supports(kind: str, name: str, causal: bool) -> bool:
-    """Whether the case exists (fnet is bidirectional only; XL models and fnet_ar causal only)."""
+    """Whether the case exists (fnet is bidirectional only; XL models and fnet_ar causal only; decoding is causal)."""
+    if kind in GENERATE_KINDS and not causal:
+        return False
+    if kind == "generate_mixer":
+        return name in GENERATE_MIXERS
     if kind == "mixer":
         return causal in mixer_class(name).causal_modes
     return ("lm" if causal else "mlm") in model_spec(name).tasks

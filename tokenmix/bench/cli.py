@@ -1,4 +1,4 @@
-"""``tokenmix bench``: speed and memory of mixers, layers and models, with plots and a report."""
+"""``tokenmix bench``: speed and memory of mixers, layers and models, decoding speed, with plots and a report."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ..cli_args import check_output_path, integer, parse_lengths, parse_names, parse_option
+from ..cli_args import check_output_path, integer, number, parse_lengths, parse_names, parse_option
 from ..devices import resolve_device
 from ..errors import user_input
 from ..files import write_json_atomic, write_text_atomic
@@ -19,14 +19,32 @@ from ..progress import progress_bar
 from ..runtime import retain_freed_memory
 from ..table import format_table
 from ..version import source_revision
-from .cases import DTYPES, KINDS, Case, batch_for, supports
-from .measure import failed_measurement, measure
-from .report import comparison_rows, markdown_report, table_columns, write_plots
+from .cases import CASE_KINDS, DTYPES, GENERATE_KINDS, KINDS, MIXER_KINDS, TRAINING_KINDS, Case, batch_for, supports
+from .measure import measure
+from .records import failed_measurement
+from .report import comparison_rows, markdown_report, sections, table_columns, write_plots
 from .worker import run_in_subprocess
 
-FULL = {"lengths": [512, 2048, 8192], "dim": 1536, "model_dim": 512, "repeats": 7}
-QUICK = {"lengths": [1024], "dim": 384, "model_dim": 128, "repeats": 3, "kinds": ["mixer", "model"]}
+FULL = {
+    "lengths": [512, 2048, 8192],
+    "positions": [256, 1024, 4096, 16384],  # of --kinds generate
+    "stream_lengths": [4096, 16384, 65536],
+    "dim": 1536,
+    "model_dim": 512,
+    "repeats": 7,
+}
+QUICK = {
+    "lengths": [1024],
+    "positions": [256, 1024],
+    "stream_lengths": [4096],
+    "dim": 384,
+    "model_dim": 128,
+    "repeats": 3,
+    "kinds": ["mixer", "model"],
+}
 CHECK_LENGTH = 8  # every case runs once at this length before anything is measured
+KIND_LENGTHS = {"generate": "positions", "generate_mixer": "stream_lengths"}  # the argument holding a kind's lengths (else lengths)
+KIND_LIMITS = {"generate": ("recompute_max",), "generate_mixer": ("direct_max_seconds",)}  # arguments a kind's cases carry
 
 
 def add_bench(subparsers) -> None:
@@ -34,11 +52,50 @@ def add_bench(subparsers) -> None:
     parser.add_argument(
         "--mixers", type=parse_names, default=None, help=f"comma-separated mixer names (default: all: {', '.join(list_mixers())})"
     )
-    parser.add_argument("--models", type=parse_names, default=None, help="models whose layer and whole model are timed (default: all)")
-    parser.add_argument("--kinds", type=parse_names, default=None, help="any of mixer,layer,model (default: all; --quick: mixer,model)")
-    parser.add_argument("--lengths", type=parse_lengths, default=None, help="sequence lengths (default: 512,2048,8192; --quick: 1024)")
     parser.add_argument(
-        "--dim", type=integer(1), default=None, help="mixer channels (default 1536, the GTU width of a 512-dim TNN; --quick: 384)"
+        "--models",
+        type=parse_names,
+        default=None,
+        help="models whose layer and whole model are timed, and decoded by --kinds generate (default: all; generate: the causal LM ones)",
+    )
+    parser.add_argument(
+        "--kinds",
+        type=parse_names,
+        default=None,
+        help="any of mixer,layer,model,generate (default: mixer,layer,model; --quick: mixer,model); generate: decoding by every "
+        "causal LM model (depth 4, batch 1) at positions --lengths, cached step against recompute, and by the tno mixer token "
+        "by token, tiled against the direct product",
+    )
+    parser.add_argument(
+        "--lengths",
+        type=parse_lengths,
+        default=None,
+        help="sequence lengths (default: 512,2048,8192; --quick: 1024), and the positions of --kinds generate "
+        "(default: 256,1024,4096,16384; --quick: 256,1024)",
+    )
+    parser.add_argument(
+        "--stream-lengths",
+        type=parse_lengths,
+        default=None,
+        help="tokens the mixer decodes one by one in --kinds generate (default: 4096,16384,65536; --quick: 4096)",
+    )
+    parser.add_argument(
+        "--recompute-max",
+        type=integer(1),
+        default=8192,
+        help="--kinds generate: recompute the whole prefix only at positions up to this (default: 8192); above it, skipped",
+    )
+    parser.add_argument(
+        "--direct-max-seconds",
+        type=number(0, open_minimum=True),
+        default=600.0,
+        help="--kinds generate: stop the mixer's direct product after this many seconds and record how far it got (default: 600)",
+    )
+    parser.add_argument(
+        "--dim",
+        type=integer(1),
+        default=None,
+        help="mixer channels, also of the mixer decoded by --kinds generate (default 1536, the GTU width of a 512-dim TNN; --quick: 384)",
     )
     parser.add_argument("--model-dim", type=integer(1), default=None, help="width of the layers and models (default 512; --quick: 128)")
     parser.add_argument("--batch-tokens", type=integer(1), default=4096, help="batch = max(1, batch_tokens // length) (default: 4096)")
@@ -64,7 +121,9 @@ def add_bench(subparsers) -> None:
         help="an option for every benchmarked mixer (layer, model), e.g. -o path=sparse; NAME.KEY=VALUE for one name only",
     )
     parser.add_argument(
-        "--profile", action="store_true", help="also record the operators taking most of one training step (torch.profiler) per case"
+        "--profile",
+        action="store_true",
+        help="also record the operators taking most of one training step (torch.profiler) per case of mixer, layer, model",
     )
     parser.add_argument("--output", default=None, metavar="FILE.json", help="write the records as JSON, updated after every case")
     parser.add_argument("--plot", default=None, metavar="DIR", help="write PNG plots into DIR")
@@ -74,7 +133,8 @@ def add_bench(subparsers) -> None:
 
 def apply_presets(args) -> None:
     """Fill the options the user left out from --quick's or the full run's presets."""
-    preset = {**FULL, "kinds": list(KINDS), **(QUICK if args.quick else {})}
+    preset = {**FULL, "kinds": list(TRAINING_KINDS), **(QUICK if args.quick else {})}
+    args.positions = args.lengths  # --lengths sets the positions of --kinds generate too
     for key, value in preset.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -90,34 +150,40 @@ def options_for(name: str, options: list[tuple[str, object]]) -> dict:
     return chosen
 
 
+def case_kinds(kinds: list[str]) -> list[str]:
+    """The kinds of case --kinds asks for, in a fixed order (generate: the generate and generate_mixer cases)."""
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown:
+        raise ValueError(f"kinds must be among {list(KINDS)}, got {unknown}")
+    return [kind for kind in CASE_KINDS if kind in kinds or (kind == "generate_mixer" and "generate" in kinds)]
+
+
 def bench_cases(args) -> list[Case]:
     args.mixers = args.mixers or list_mixers()
     args.models = args.models or list_models()
     causal_modes = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
-    unknown = sorted(set(args.kinds) - set(KINDS))
-    if unknown:
-        raise ValueError(f"kinds must be among {list(KINDS)}, got {unknown}")
-    benchmarked = {name for kind in args.kinds for name in (args.mixers if kind == "mixer" else args.models)}
+    kinds = case_kinds(args.kinds)
+    benchmarked = {name for kind in kinds for name in (args.mixers if kind in MIXER_KINDS else args.models)}
     for key, _ in args.option:
         scope = key.rpartition(".")[0]
         if scope and scope not in benchmarked:
             raise ValueError(f"-o {key}: {scope!r} is not among the benchmarked names {sorted(benchmarked)}")
     cases = []
-    for kind in KINDS:
-        if kind not in args.kinds:
-            continue
-        names, dim = (args.mixers, args.dim) if kind == "mixer" else (args.models, args.model_dim)
+    for kind in kinds:
+        names, dim = (args.mixers, args.dim) if kind in MIXER_KINDS else (args.models, args.model_dim)
+        lengths = getattr(args, KIND_LENGTHS.get(kind, "lengths"))
+        limits = {key: getattr(args, key) for key in KIND_LIMITS.get(kind, ())}
         for name in names:
-            known = list_mixers() if kind == "mixer" else list_models()
+            known = list_mixers() if kind in MIXER_KINDS else list_models()
             if name not in known:
-                raise ValueError(f"{'mixer' if kind == 'mixer' else 'model'} name must be one of {known}, got {name!r}")
+                raise ValueError(f"{'mixer' if kind in MIXER_KINDS else 'model'} name must be one of {known}, got {name!r}")
             for causal in causal_modes:
                 if not supports(kind, name, causal):
                     continue
-                for length in args.lengths:
-                    batch = batch_for(length, args.batch_tokens)
+                for length in lengths:
+                    batch = 1 if kind in GENERATE_KINDS else batch_for(length, args.batch_tokens)
                     options = options_for(name, args.option)
-                    cases.append(Case(kind, name, causal, length, dim, batch, args.dtype, args.device, options))
+                    cases.append(Case(kind, name, causal, length, dim, batch, args.dtype, args.device, options, limits))
     return cases
 
 
@@ -130,11 +196,14 @@ def check_cases(cases: list[Case]) -> None:
         if key in seen:
             continue
         seen.add(key)
-        tiny = Case(case.kind, case.name, case.causal, CHECK_LENGTH, case.dim, 1, case.dtype, case.device, case.options)
+        tiny = Case(case.kind, case.name, case.causal, CHECK_LENGTH, case.dim, 1, case.dtype, case.device, case.options, case.limits)
         try:
-            module, inputs = tiny.build()
-            with torch.no_grad():
-                module(inputs)
+            if case.kind in GENERATE_KINDS:
+                measure(tiny, repeats=1)  # the prefill, steps and recompute (tiled and direct) of 8 tokens
+            else:
+                module, inputs = tiny.build()
+                with torch.no_grad():
+                    module(inputs)
         except (ValueError, TypeError) as error:
             raise ValueError(
                 f"{case.kind} {case.name!r} ({'causal' if case.causal else 'bidirectional'}) with options {case.options}: {error}"
@@ -171,7 +240,7 @@ def run_bench(args) -> int:
             write_json_atomic(args.output, records)
     machine = f"{platform.machine()}, {args.threads} threads, torch {torch.__version__}, {args.device}, {args.dtype}"
     print(f"# {machine}; batch*length {args.batch_tokens}, median of {args.repeats}; source {revision or 'not a git checkout'}")
-    print(format_table(records, table_columns(records)))
+    print("\n\n".join(format_table(rows, table_columns(rows)) for rows in sections(records)))
     failed = [record for record in records if record["error"]]
     plots = write_plots(records, args.plot) if args.plot else []
     if args.report:
@@ -196,6 +265,8 @@ def read_records(path: str) -> list[dict]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{path!r} is not a readable bench JSON file: {error}") from None
     required = {"mixer", "causal", "length", "forward_ms", "forward_backward_ms"}  # "kind" came later: default "mixer"
+    if isinstance(records, list):  # decoding records (--kinds generate) are not compared
+        records = [r for r in records if not (isinstance(r, dict) and r.get("kind") in GENERATE_KINDS)]
     if not isinstance(records, list) or not all(isinstance(r, dict) and required <= set(r) for r in records):
         raise ValueError(f"{path!r} is not a `tokenmix bench --output` file: expected a list of records with {sorted(required)}")
     for record in records:

@@ -1,4 +1,5 @@
-"""Measure one case: median times, tokens/s, peak memory and the FFT floor, in one process.
+"""Measure one case: median times, tokens/s, peak memory and the FFT floor, in one process
+(the generate kinds: ``tokenmix.bench.generate``).
 
 CPU peak memory is the peak resident set size of a fresh process during one training step,
 over its resident size just before it (``tokenmix.bench.worker`` runs each case in its own
@@ -16,65 +17,16 @@ from __future__ import annotations
 import os
 import resource
 import sys
-from dataclasses import asdict, dataclass
 
 import torch
 
 from ..ops.fft import fast_fft_size
 from .cases import DTYPES, Case
+from .generate import measure_generate, measure_generate_mixer
+from .records import Measurement, Record, identity
 from .timing import median_ms, sync
 
-
-@dataclass
-class Measurement:
-    kind: str
-    mixer: str
-    causal: bool
-    length: int
-    batch: int
-    dim: int
-    dtype: str
-    device: str
-    threads: int
-    torch: str
-    forward_ms: float
-    forward_backward_ms: float
-    tokens_per_s: float
-    peak_mem_mb: float
-    fft_floor_ms: float | None
-    fft_channels_last_ms: float | None
-    fft_channels_first_ms: float | None
-    fwd_ratio_to_fft: float | None
-    fwdbwd_ratio_to_fft: float | None
-    retain_freed_memory: bool | None = None  # the allocator setting of the measuring process
-    git_commit: str | None = None
-    error: str | None = None  # why the case failed (every timing then None)
-    profile: list[dict] | None = None  # with --profile: the operators taking most of a training step
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-MEASUREMENT_FIELDS = tuple(Measurement.__dataclass_fields__)
 FLOOR_FIELDS = ("fft_channels_last_ms", "fft_channels_first_ms", "fft_floor_ms")
-TIMING_FIELDS = (
-    "forward_ms",
-    "forward_backward_ms",
-    "tokens_per_s",
-    "peak_mem_mb",
-    *FLOOR_FIELDS,
-    "fwd_ratio_to_fft",
-    "fwdbwd_ratio_to_fft",
-)
-
-
-def failed_measurement(case: Case, error: str) -> Measurement:
-    """The record of a case that could not be measured: its identity, no timings, the reason."""
-    timings = dict.fromkeys(TIMING_FIELDS)
-    return Measurement(
-        kind=case.kind, mixer=case.name, causal=case.causal, length=case.length, batch=case.batch, dim=case.dim,
-        dtype=case.dtype, device=case.device, threads=torch.get_num_threads(), torch=torch.__version__, **timings, error=error,
-    )  # fmt: skip
 
 
 def _resident_mb() -> float:
@@ -136,7 +88,13 @@ def profile_step(function, device: torch.device, steps: int = 3) -> list[dict]:
     return [{"op": e.key, "self_ms": getattr(e, attribute) / 1e3 / steps, "share": getattr(e, attribute) / total} for e in top]
 
 
-def measure(case: Case, repeats: int = 7, profile: bool = False) -> Measurement:
+def measure(case: Case, repeats: int = 7, profile: bool = False) -> Record:
+    """The case's record: a ``Measurement`` of the training kinds (``profile``: with its operators), else
+    the generate kinds' (see ``tokenmix.bench.generate``)."""
+    if case.kind == "generate":
+        return measure_generate(case, repeats)
+    if case.kind == "generate_mixer":
+        return measure_generate_mixer(case)
     module, inputs = case.build()
     device = inputs.device
     differentiable = inputs.is_floating_point()
@@ -171,16 +129,7 @@ def measure(case: Case, repeats: int = 7, profile: bool = False) -> Measurement:
     floors = fft_floor_ms(inputs, repeats) if getattr(module, "fft_based", False) else dict.fromkeys(FLOOR_FIELDS)
     floor = floors["fft_floor_ms"]
     return Measurement(
-        kind=case.kind,
-        mixer=case.name,
-        causal=case.causal,
-        length=case.length,
-        batch=case.batch,
-        dim=case.dim,
-        dtype=case.dtype,
-        device=str(device),
-        threads=torch.get_num_threads(),
-        torch=torch.__version__,
+        **identity(case, device),
         forward_ms=forward_ms,
         forward_backward_ms=forward_backward_ms,
         tokens_per_s=case.batch * case.length / (forward_backward_ms / 1e3),

@@ -11,15 +11,27 @@ from collections import defaultdict
 from pathlib import Path
 
 from ..table import format_table
+from .cases import GENERATE_DEPTH, GENERATE_KINDS, GENERATE_SEGMENT, TRAINING_KINDS
 
 BASE_COLUMNS = ["kind", "mixer", "causal", "length", "batch", "forward_ms", "forward_backward_ms", "tokens_per_s", "peak_mem_mb"]
 FLOOR_COLUMNS = ["fft_floor_ms", "fwd_ratio_to_fft", "fwdbwd_ratio_to_fft"]
+KIND_COLUMNS = {
+    "generate": "kind mixer length batch prefill_ms step_ms recompute_ms recompute_ratio recompute_skipped state_bytes".split(),
+    "generate_mixer": "kind mixer length dim tiled_s direct_s direct_tokens direct_finished direct_ratio max_abs_diff".split(),
+}
 DIRECTIONS = {False: "bidirectional", True: "causal"}
 
 
+def sections(records: list[dict]) -> list[list[dict]]:
+    """The records by table: the training kinds together, then each generate kind (empty ones left out)."""
+    groups = [[r for r in records if r.get("kind", "mixer") in TRAINING_KINDS]]
+    groups += [[r for r in records if r.get("kind") == kind] for kind in GENERATE_KINDS]
+    return [rows for rows in groups if rows]
+
+
 def table_columns(records: list[dict]) -> list[str]:
-    """The table's columns: the floor ones when any record has a floor, the error when any failed."""
-    columns = list(BASE_COLUMNS)
+    """The table's columns (those of its kind): the floor ones when any record has a floor, the error when any failed."""
+    columns = list(KIND_COLUMNS.get(records[0]["kind"] if records else "mixer", BASE_COLUMNS))
     if any(record.get("fft_floor_ms") is not None for record in records):
         columns += FLOOR_COLUMNS
     if any(record.get("error") for record in records):
@@ -31,10 +43,12 @@ def measured(records: list[dict]) -> list[dict]:
     return [record for record in records if not record.get("error")]
 
 
-def _series(records: list[dict]) -> dict[tuple, list[dict]]:
+def _series(records: list[dict], kinds: tuple[str, ...] = TRAINING_KINDS) -> dict[tuple, list[dict]]:
+    """The measured records of ``kinds`` by (kind, name, causal), each sorted by length."""
     groups = defaultdict(list)
     for record in measured(records):
-        groups[(record["kind"], record["mixer"], record["causal"])].append(record)
+        if record.get("kind", "mixer") in kinds:
+            groups[(record["kind"], record["mixer"], record["causal"])].append(record)
     return {key: sorted(rows, key=lambda r: r["length"]) for key, rows in groups.items()}
 
 
@@ -82,9 +96,9 @@ def _finish(plt, figure, path: Path) -> Path:
     return path
 
 
-def _against_length(axis, ylabel: str, title: str, log_y: bool = True) -> None:
+def _against_length(axis, ylabel: str, title: str, log_y: bool = True, xlabel: str = "sequence length") -> None:
     """Log-length x axis, labels, plain tick labels, grid and a legend beside the panel."""
-    axis.set(xscale="log", yscale="log" if log_y else "linear", xlabel="sequence length", ylabel=ylabel, title=title)
+    axis.set(xscale="log", yscale="log" if log_y else "linear", xlabel=xlabel, ylabel=ylabel, title=title)
     _legend(axis)
 
 
@@ -102,10 +116,14 @@ def _legend(axis) -> None:
 
 def write_plots(records: list[dict], directory) -> list[Path]:
     """time_vs_length.png, ratios.png (FFT-based mixers) and memory.png, one panel per kind and
-    direction; returns the paths written."""
+    direction, and the generate kinds' decode.png and mixer_decode.png; returns the paths written."""
     plt = _pyplot()
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    return _training_plots(plt, records, directory) + _generate_plots(plt, records, directory)
+
+
+def _training_plots(plt, records: list[dict], directory: Path) -> list[Path]:
     series = _series(records)
     panels = _panels(series)
     written = []
@@ -154,6 +172,46 @@ def write_plots(records: list[dict], directory) -> list[Path]:
     return written
 
 
+def _generate_plots(plt, records: list[dict], directory: Path) -> list[Path]:
+    """decode.png: per-token time (cached step, recompute) and state size against the position, one
+    line per model; mixer_decode.png: per-token time against the position, tiled and direct, one panel per L."""
+    written = []
+    models = _series(records, ("generate",))
+    if models:
+        figure, (time_axis, state_axis) = plt.subplots(1, 2, figsize=(13, 4.5), layout="constrained")
+        for (_, name, _), rows in models.items():
+            positions = [r["length"] for r in rows]
+            (line,) = time_axis.plot(positions, [r["step_ms"] for r in rows], marker="o", label=f"{name} cached step")
+            recomputed = [r for r in rows if r["recompute_ms"] is not None]
+            if recomputed:
+                time_axis.plot(
+                    [r["length"] for r in recomputed], [r["recompute_ms"] for r in recomputed],
+                    marker="s", linestyle="--", color=line.get_color(), label=f"{name} recompute",
+                )  # fmt: skip
+            state_axis.plot(positions, [r["state_bytes"] / 2**20 for r in rows], marker="o", color=line.get_color(), label=name)
+        _against_length(time_axis, "time per token (ms)", "next token at position P: cached step vs recompute", xlabel="position P")
+        _against_length(state_axis, "state size (MB)", "the decoding state at position P", xlabel="position P")
+        written.append(_finish(plt, figure, directory / "decode.png"))
+    mixers = _series(records, ("generate_mixer",))
+    if mixers:
+        lengths = sorted({r["length"] for rows in mixers.values() for r in rows})
+        figure, axes = plt.subplots(1, len(lengths), figsize=(6.5 * len(lengths), 4.5), squeeze=False, layout="constrained")
+        for (_, name, _), rows in mixers.items():
+            for r in rows:
+                axis = axes[0][lengths.index(r["length"])]
+                for path, style in (("tiled", "-"), ("direct", "--")):
+                    curve = r[f"{path}_curve"]
+                    stopped = "" if path == "tiled" or r["direct_finished"] else f" (stopped after {r['direct_tokens']} tokens)"
+                    label = f"{name} {path}{stopped}"
+                    axis.plot([w["to"] for w in curve], [w["ms_per_token"] for w in curve], marker=".", linestyle=style, label=label)
+        for length, axis in zip(lengths, axes[0], strict=True):
+            _against_length(
+                axis, "time per token (ms, window mean)", f"decoding {length} tokens one by one", xlabel="position (window end)"
+            )
+        written.append(_finish(plt, figure, directory / "mixer_decode.png"))
+    return written
+
+
 def _range(values: list[float]) -> str:
     return f"{min(values):.2f}x" if len(values) == 1 else f"{min(values):.2f}x to {max(values):.2f}x"
 
@@ -180,6 +238,7 @@ def reading(records: list[dict]) -> list[str]:
                 f"as at {before_last['length']}."
             )
     lines += _comparisons(records)
+    lines += _generate_reading(records)
     failed = [r for r in records if r.get("error")]
     lines += [f"{r['mixer']} {r['kind']} ({DIRECTIONS[r['causal']]}) at length {r['length']} failed: {r['error']}" for r in failed]
     return lines
@@ -189,7 +248,8 @@ def _comparisons(records: list[dict]) -> list[str]:
     """Different names of one kind at the same length: time and memory against the first name measured."""
     groups = defaultdict(list)
     for record in measured(records):
-        groups[(record["kind"], record["causal"], record["length"])].append(record)
+        if record.get("kind", "mixer") in TRAINING_KINDS:
+            groups[(record["kind"], record["causal"], record["length"])].append(record)
     lines = []
     for (kind, causal, length), rows in groups.items():
         if len(rows) > 1:
@@ -203,6 +263,63 @@ def _comparisons(records: list[dict]) -> list[str]:
     return lines
 
 
+def _generate_reading(records: list[dict]) -> list[str]:
+    """Decoding: how a step's time and the state grow with the position, recompute against cached, tiled against direct."""
+    lines = []
+    for (_, name, _), rows in _series(records, ("generate",)).items():
+        first, last = rows[0], rows[-1]
+        steps = ", ".join(f"{r['length']}: {r['step_ms']:.3g} ms" for r in rows)
+        states = ", ".join(f"{r['length']}: {r['state_bytes'] / 2**20:.3g} MB" for r in rows)
+        line = f"{name}: a cached decode step by position, {steps}"
+        if len(rows) > 1:
+            line += f" ({last['step_ms'] / first['step_ms']:.2f}x for {last['length'] / first['length']:g}x the position)"
+        lines.append(f"{line}; the state, {states}.")
+        ratios = ", ".join(f"{r['length']}: {r['recompute_ratio']:.3g}x" for r in rows if r["recompute_ratio"] is not None)
+        skipped = ", ".join(str(r["length"]) for r in rows if r["recompute_skipped"])
+        if ratios:
+            lines.append(f"{name}: recomputing the prefix costs this many cached steps, by position: {ratios}.")
+        if skipped:
+            lines.append(f"{name}: not recomputed at positions {skipped} (above --recompute-max).")
+    for (_, name, _), rows in _series(records, ("generate_mixer",)).items():
+        for r in rows:
+            head = f"{name} (width {r['dim']}) decoding {r['length']} tokens one by one: tiled {r['tiled_s']:.3g} s"
+            if r["direct_finished"]:
+                diff = f"; outputs differ by at most {r['max_abs_diff']:.2g}" if r["max_abs_diff"] is not None else ""
+                lines.append(f"{head}, direct {r['direct_s']:.3g} s ({r['direct_ratio']:.3g}x the tiled time){diff}.")
+            else:
+                lines.append(
+                    f"{head}; the direct product was stopped after {r['direct_tokens']} of {r['length']} tokens "
+                    f"in {r['direct_s']:.3g} s (--direct-max-seconds), so it has no total."
+                )
+    return lines
+
+
+KIND_TITLES = {
+    "mixer": "Mixers",
+    "layer": "Layers",
+    "model": "Models",
+    "generate": "Decoding by the models",
+    "generate_mixer": "Decoding by a Toeplitz mixer, token by token",
+}
+KIND_NOTES = {
+    "generate": [
+        f"Causal LM models of depth {GENERATE_DEPTH}, batch 1. `length` is the position P: one prefill call of P random",
+        "tokens builds the state (`prefill_ms`, that one call) whose size is `state_bytes`; `step_ms` is the median",
+        "single-token step from it after warm-up (each step moves the position on by one); `recompute_ms` is the median",
+        "forward over the P + 1 tokens without a state, the cost of a next token without a cache, skipped above",
+        "--recompute-max; `recompute_ratio` = recompute_ms / step_ms. Recurrent (XL) models stream in segments of",
+        f"{GENERATE_SEGMENT} tokens.",
+    ],
+    "generate_mixer": [
+        "`length` L inputs decoded one by one, once per path: `tiled_s` by `mixer.step` (the tiled relaxed product,",
+        "O(L log^2 L) in all), `direct_s` by the direct product over the whole history (`naive_online_step`, O(L^2)),",
+        "the taps of both computed before the clock starts. The direct run stops at --direct-max-seconds:",
+        "`direct_tokens` says how far it got; `direct_ratio` = direct_s / tiled_s where it finished. `max_abs_diff`:",
+        "the largest difference of the two paths' outputs at the ends of the windows both timed.",
+    ],
+}
+
+
 def markdown_report(records: list[dict], command: str, machine: str, plot_paths: list[Path], report_path) -> str:
     report_dir = Path(report_path).resolve().parent
     revisions = sorted({str(r.get("git_commit")) for r in records})
@@ -213,18 +330,22 @@ def markdown_report(records: list[dict], command: str, machine: str, plot_paths:
         f"Generated by `{command}` on {machine}, source {', '.join(revisions)}, retain_freed_memory {', '.join(allocator)}.",
         "Do not edit by hand: re-run the command.",
         "",
-        "Times are medians of repeats after warm-up. Peak memory is that of one training step: on CPU the peak",
-        "resident size of a fresh process over its size just before the step; on CUDA `max_memory_allocated`.",
-        "The FFT floor is the fastest bare `torch.fft.rfft` + `irfft` round trip of the same data at the FFT size",
-        "the mixer uses (N >= 2n), over two layouts: along the length of the (batch, length, channels) tensor as",
-        "given, and along the last dimension of a contiguous (batch, channels, length) copy; the JSON records both.",
-        "",
     ]
-    for kind in ("mixer", "layer", "model"):
-        rows = [r for r in records if r["kind"] == kind]
+    if any(r.get("kind", "mixer") in TRAINING_KINDS for r in records):
+        parts += [
+            "Times are medians of repeats after warm-up. Peak memory is that of one training step: on CPU the peak",
+            "resident size of a fresh process over its size just before the step; on CUDA `max_memory_allocated`.",
+            "The FFT floor is the fastest bare `torch.fft.rfft` + `irfft` round trip of the same data at the FFT size",
+            "the mixer uses (N >= 2n), over two layouts: along the length of the (batch, length, channels) tensor as",
+            "given, and along the last dimension of a contiguous (batch, channels, length) copy; the JSON records both.",
+            "",
+        ]
+    for kind, title in KIND_TITLES.items():
+        rows = [r for r in records if r.get("kind", "mixer") == kind]
         if rows:
             dims = sorted({r["dim"] for r in rows})
-            parts += [f"## {kind.capitalize()}s (dim {', '.join(map(str, dims))})", "", format_table(rows, table_columns(rows)), ""]
+            notes = [*KIND_NOTES[kind], ""] if kind in KIND_NOTES else []
+            parts += [f"## {title} (dim {', '.join(map(str, dims))})", "", *notes, format_table(rows, table_columns(rows)), ""]
     if plot_paths:
         parts += ["## Plots", ""]
         parts += [f"![{Path(path).stem}]({os.path.relpath(Path(path).resolve(), report_dir)})" for path in plot_paths]

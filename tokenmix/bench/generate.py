@@ -1,0 +1,95 @@
+"""Measure decoding: a causal LM model at a position P, and a Toeplitz mixer token by token.
+
+``measure_generate``: one prefill call of P tokens builds the state at position P (timed once, after
+a stream of a few tokens has paid the process's first-call costs); single-token steps from it are
+timed (median after warm-up; each step moves the position on by one) against recomputing one
+forward over the P + 1 tokens without a state, where P <= recompute_max.
+Recurrent models (Transformer-XL, FNetAR-XL) stream with segments of ``GENERATE_SEGMENT`` tokens.
+
+``measure_generate_mixer``: L inputs decoded one by one with the tiled ``mixer.step`` (relaxed
+products by FFT) and with the direct product over the whole history (``naive_online_step``), each
+once, timed in windows of doubling length. The taps of both are computed before the clock starts;
+the direct run stops after ``direct_max_seconds`` and says how far it got.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..ops.online_toeplitz import naive_online_step
+from .cases import GENERATE_SEGMENT, Case
+from .records import GenerateMeasurement, MixerGenerateMeasurement, identity
+from .timing import WARMUP, median_ms, sync, time_tokens
+
+
+def measure_generate(case: Case, repeats: int = 7) -> GenerateMeasurement:
+    model, tokens = case.build()  # (batch, P + 1)
+    model.eval()
+    device, position = tokens.device, case.length
+    recompute = position <= case.limits.get("recompute_max", position)
+    segment = GENERATE_SEGMENT if model.recurrent else None
+    with torch.no_grad():
+        model(tokens[:, :8], state=model.init_state(case.batch, segment_length=segment), return_state=True)  # first-call costs
+        state = model.init_state(case.batch, max_length=position + WARMUP + repeats, segment_length=segment)
+        sync(device)
+        start = time.perf_counter()
+        _, state = model(tokens[:, :position], state=state, return_state=True)
+        sync(device)
+        prefill_ms = (time.perf_counter() - start) * 1e3
+        state_bytes = state.nbytes()
+        next_token = tokens[:, position:]
+
+        def step():
+            nonlocal state
+            _, state = model(next_token, state=state, return_state=True)
+
+        step_ms = median_ms(step, device, repeats)
+        recompute_ms = median_ms(lambda: model(tokens), device, repeats) if recompute else None
+    return GenerateMeasurement(
+        **identity(case, device),
+        prefill_ms=prefill_ms,
+        step_ms=step_ms,
+        state_bytes=state_bytes,
+        recompute_ms=recompute_ms,
+        recompute_ratio=recompute_ms / step_ms if recompute else None,
+        recompute_skipped=not recompute,
+    )
+
+
+def measure_generate_mixer(case: Case) -> MixerGenerateMeasurement:
+    mixer, inputs = case.build()  # (batch, L, dim)
+    mixer.eval()
+    device, length = inputs.device, case.length
+    with torch.no_grad():
+        taps = mixer.kernel(length)
+        mixer.step(inputs, mixer.init_state(case.batch, max_length=length))  # warm-up: computes and caches the tiles' taps
+        state = mixer.init_state(case.batch, max_length=length)
+
+        def tiled(t: int) -> torch.Tensor:
+            nonlocal state
+            y, state = mixer.step(inputs[:, t : t + 1], state)
+            return y[:, 0]
+
+        tiled_run = time_tokens(tiled, length, device)
+        direct_run = time_tokens(
+            lambda t: naive_online_step(inputs[:, : t + 1], taps), length, device, case.limits.get("direct_max_seconds")
+        )
+    pairs = [
+        (a, b)
+        for window, a, other, b in zip(tiled_run.windows, tiled_run.outputs, direct_run.windows, direct_run.outputs, strict=False)
+        if window["to"] == other["to"]
+    ]
+    finished = direct_run.tokens == length
+    return MixerGenerateMeasurement(
+        **identity(case, device),
+        tiled_s=tiled_run.total_ms / 1e3,
+        direct_s=direct_run.total_ms / 1e3,
+        direct_tokens=direct_run.tokens,
+        direct_finished=finished,
+        direct_ratio=direct_run.total_ms / tiled_run.total_ms if finished else None,
+        max_abs_diff=max(float((a.float() - b.float()).abs().max()) for a, b in pairs) if pairs else None,
+        tiled_curve=tiled_run.windows,
+        direct_curve=direct_run.windows,
+    )

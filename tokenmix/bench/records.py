@@ -1,0 +1,105 @@
+"""Measurement records: one dataclass per kind of case, all sharing the case's identity and provenance.
+
+``Measurement``: speed and memory of training kinds (mixer, layer, model). ``GenerateMeasurement``:
+decoding by a causal LM model at a position (kind ``generate``). ``MixerGenerateMeasurement``:
+decoding a Toeplitz mixer token by token, tiled against the direct product (kind ``generate_mixer``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, asdict, dataclass, fields
+
+import torch
+
+from .cases import Case
+
+
+@dataclass(kw_only=True)
+class Record:
+    """What was measured, where, and from which source; ``error``: why it failed (every result then None)."""
+
+    kind: str
+    mixer: str  # the mixer's or model's name
+    causal: bool
+    length: int  # sequence length; for generate: the position P, for generate_mixer: the tokens decoded
+    batch: int
+    dim: int
+    dtype: str
+    device: str
+    threads: int
+    torch: str
+    retain_freed_memory: bool | None = None  # the allocator setting of the measuring process
+    git_commit: str | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(kw_only=True)
+class Measurement(Record):
+    forward_ms: float | None
+    forward_backward_ms: float | None
+    tokens_per_s: float | None
+    peak_mem_mb: float | None
+    fft_floor_ms: float | None
+    fft_channels_last_ms: float | None
+    fft_channels_first_ms: float | None
+    fwd_ratio_to_fft: float | None
+    fwdbwd_ratio_to_fft: float | None
+    profile: list[dict] | None = None  # with --profile: the operators taking most of a training step
+
+
+@dataclass(kw_only=True)
+class GenerateMeasurement(Record):
+    """A model's state built by one prefill call of P tokens, then single-token steps from it."""
+
+    prefill_ms: float | None  # the one prefill call of P tokens
+    step_ms: float | None  # median single-token step after warm-up
+    state_bytes: int | None  # the state's size at P
+    recompute_ms: float | None  # one forward over P + 1 tokens without a state (median); None when skipped
+    recompute_ratio: float | None  # recompute_ms / step_ms
+    recompute_skipped: bool | None  # P above --recompute-max
+
+
+@dataclass(kw_only=True)
+class MixerGenerateMeasurement(Record):
+    """L tokens decoded one by one: the tiled ``mixer.step`` against the direct product over the history."""
+
+    tiled_s: float | None
+    direct_s: float | None  # the time of the direct_tokens tokens done (all L when direct_finished)
+    direct_tokens: int | None
+    direct_finished: bool | None  # False: stopped at --direct-max-seconds
+    direct_ratio: float | None  # direct_s / tiled_s, when the direct run finished
+    max_abs_diff: float | None  # the two paths' outputs compared at the end of every window both timed
+    tiled_curve: list[dict] | None  # per-token time in windows: [{"from", "to", "ms_per_token"}]
+    direct_curve: list[dict] | None
+
+
+RECORD_TYPES = {"generate": GenerateMeasurement, "generate_mixer": MixerGenerateMeasurement}
+IDENTITY_FIELDS = tuple(f.name for f in fields(Record) if f.default is MISSING)
+MEASUREMENT_FIELDS = tuple(f.name for f in fields(Measurement))
+
+
+def record_type(kind: str) -> type[Record]:
+    return RECORD_TYPES.get(kind, Measurement)
+
+
+def from_dict(data: dict) -> Record:
+    """The record a worker printed as JSON."""
+    return record_type(data["kind"])(**data)
+
+
+def identity(case: Case, device=None) -> dict:
+    """The identity fields of ``case``'s record (``device``: the device it ran on)."""
+    return dict(
+        kind=case.kind, mixer=case.name, causal=case.causal, length=case.length, batch=case.batch, dim=case.dim,
+        dtype=case.dtype, device=str(device or case.device), threads=torch.get_num_threads(), torch=torch.__version__,
+    )  # fmt: skip
+
+
+def failed_measurement(case: Case, error: str) -> Record:
+    """The record of a case that could not be measured: its identity, no results, the reason."""
+    cls = record_type(case.kind)
+    results = {f.name: None for f in fields(cls) if f.default is MISSING and f.name not in IDENTITY_FIELDS}
+    return cls(**identity(case), **results, error=error)
