@@ -2,7 +2,7 @@ import math
 
 import pytest
 import torch
-from conftest import assert_causal_gradient
+from conftest import assert_causal_gradient, random_chunks, relative_error
 
 import tokenmix
 from tokenmix.blocks.xl import RelativeAttention, fourier_layer_indices, sinusoid_positions
@@ -132,3 +132,21 @@ def test_xl_training_resumes_exactly_with_memory(tmp_path):
     resumed.run()
     for name, value in straight.model.state_dict().items():
         assert torch.equal(value, resumed.model.state_dict()[name]), name
+
+
+@pytest.mark.parametrize("name", ["transformer_xl", "fnet_ar_xl"])
+def test_segments_stream_in_any_chunks_once_memory_is_truncated(name):
+    """Segments of 8 with memory 8 (< the stream): one call per segment, as training reads them, equals any chunking."""
+    model = xl(name, memory_length=8)
+    tokens = torch.randint(0, 30, (2, 45))
+    with torch.no_grad():
+        by_segment, state = [], model.init_state(2, segment_length=8)
+        for start in range(0, 45, 8):
+            logits, state = model(tokens[:, start : start + 8], state=state, return_state=True)
+            by_segment.append(logits)
+        chunked, state = [], model.init_state(2, segment_length=8)
+        for chunk in random_chunks(45, seed=4):
+            logits, state = model(tokens[:, chunk], state=state, return_state=True)
+            chunked.append(logits)
+    assert relative_error(torch.cat(chunked, dim=1), torch.cat(by_segment, dim=1)) <= 1e-10
+    assert relative_error(torch.cat(by_segment, dim=1)[:, 8:], model(tokens)[:, 8:]) > 1e-6  # memory was truncated: not one segment
