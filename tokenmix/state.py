@@ -82,15 +82,15 @@ class StreamState:
         return {tensor.dtype for tensor in _tensors(self) if tensor.is_floating_point()}
 
 
-def check_state(state, expected: type[StreamState], batch_size: int, dtype: torch.dtype | None, owner: str) -> None:
+def check_state(state, expected: type[StreamState], batch_size: int | None, dtype: torch.dtype | None, owner: str) -> None:
     """ValueError unless ``state`` is an ``expected`` state for ``batch_size`` rows holding ``dtype``
-    (None: any; a block's parts check their own).
+    (None: not checked here; a block's or model's parts check their own).
 
     ``owner`` names what the state is for ("this 6-channel Tno", "model 'tnn'") in the message.
     """
     if not isinstance(state, expected):
         raise ValueError(f"state must be a {expected.__name__} made by {owner}'s init_state, got {type(state).__name__}")
-    sizes = {tensor.shape[0] for tensor in _tensors(state)}
+    sizes = set() if batch_size is None else {tensor.shape[0] for tensor in _tensors(state)}
     if sizes and sizes != {batch_size}:
         raise ValueError(
             f"state holds batch size {sorted(sizes)} but the input has {batch_size} rows; init_state({batch_size}) or state.select(rows)"

@@ -72,7 +72,7 @@ class StreamingBlock:
         return self.body(x, mask, Forward(mask))
 
     def step(self, x: torch.Tensor, state: BlockState, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, BlockState]:
-        check_state(state, BlockState, x.shape[0], None, f"this {type(self).__name__}")
+        check_state(state, BlockState, None, None, f"this {type(self).__name__}")  # the parts check batch and dtype
         if len(state.parts) != len(self.stream_parts()):
             raise ValueError(
                 f"state holds {len(state.parts)} part states but this {type(self).__name__} streams {len(self.stream_parts())} parts"
