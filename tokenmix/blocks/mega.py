@@ -94,7 +94,6 @@ class MegaBlock(StreamingBlock, Configurable, nn.Module):
         self.hidden = check_int(v_expand, "v_expand") * dim
         if chunk_size is not None:
             check_int(chunk_size, "chunk_size")
-        self.causal, self.chunk_size = causal, chunk_size
         self.norm = nn.LayerNorm(dim)
         self.value = nn.Linear(dim, self.hidden)
         self.sequence = build_mixer(sequence_mixer, dim, causal, **sequence_options(sequence_mixer, tcn_depth, mixer_options))
