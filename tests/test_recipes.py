@@ -4,6 +4,7 @@ import pytest
 
 from tokenmix.cli import main, recipe_flags, train_config_from_args
 from tokenmix.data.examples import ClassificationData, Examples
+from tokenmix.data.sources import source_kind
 from tokenmix.train.loop import TrainConfig
 from tokenmix.train.objectives import objective_for
 from tokenmix.train.recipes import apply_recipe, list_recipes, recipe
@@ -19,8 +20,11 @@ DATA_SHAPES = {
 }
 
 
-def data_fields(source: str) -> dict:
-    """What a run on ``source`` gives its model: the classification objective's fields for data of that shape."""
+def data_fields(source: str, tokenizer: str = "bytes") -> dict:
+    """What a run on ``source`` gives its model: a text corpus its tokenizer's vocabulary, classification
+    data the classification objective's fields for data of that shape."""
+    if source_kind(source) == "corpus":
+        return {"vocab_size": int(tokenizer.removeprefix("bpe:")) if tokenizer.startswith("bpe:") else 256}
     vocab, classes, documents, grid = DATA_SHAPES[source.split(":")[0]]
     if grid == "resolution":
         resolution = int(source.split("resolution=")[1].split(":")[0])
@@ -33,9 +37,9 @@ def data_fields(source: str) -> dict:
 @pytest.mark.parametrize("name", list_recipes())
 def test_every_recipe_resolves_to_a_model(name):
     settings = recipe(name).settings
-    given = {"data": settings["data"].replace("DIR", "/data")} if "DIR" in settings["data"] else {}
+    given = {"data": settings["data"].replace("DIR", "/data")} if "DIR" in settings.get("data", "") else {}
     config = TrainConfig(**apply_recipe(name, given))
-    model_config = config.model_config(data_fields(config.data))  # every option checked and resolved
+    model_config = config.model_config(data_fields(config.data, config.tokenizer))  # every option checked and resolved
     assert config.recipe == name and model_config.name == settings["model"]
     for key, value in settings.get("options", {}).items():
         assert model_config.options[key] == value, key

@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -34,14 +35,21 @@ def parameters(model):
     return {name: p.detach().clone() for name, p in model.state_dict().items()}
 
 
-def test_resume_equals_uninterrupted_run(text_file, tmp_path):
-    straight = Trainer(tiny_config(text_file, tmp_path / "a"), progress=False)
+@pytest.mark.parametrize("tokenizer", ["bytes", "bpe:300"])
+def test_resume_equals_uninterrupted_run(text_file, tmp_path, monkeypatch, tokenizer):
+    monkeypatch.setenv("TOKENMIX_CACHE", str(tmp_path / "cache"))
+    straight = Trainer(tiny_config(text_file, tmp_path / "a", tokenizer=tokenizer), progress=False)
     straight.run()
-    interrupted = Trainer(tiny_config(text_file, tmp_path / "b"), progress=False)
+    interrupted = Trainer(tiny_config(text_file, tmp_path / "b", tokenizer=tokenizer), progress=False)
     for _ in range(3):
         interrupted.train_step()
     interrupted.save()
-    resumed = Trainer(tiny_config(text_file, tmp_path / "b"), resume=True, progress=False)
+    shutil.rmtree(tmp_path / "cache", ignore_errors=True)
+    resumed = Trainer(tiny_config(text_file, tmp_path / "b", tokenizer=tokenizer), resume=True, progress=False)
+    assert not (tmp_path / "cache" / "bpe").exists()  # the tokenizer came from the checkpoint, not learnt again
+    assert resumed.tokenizer == straight.tokenizer and resumed.tokenizer.name.startswith(
+        tokenizer[:4]
+    )  # a BPE stops early when no pair is left
     assert resumed.step == 3
     resumed.run()
     expected, actual = parameters(straight.model), parameters(resumed.model)
@@ -55,7 +63,7 @@ def test_checkpoint_contents_and_atomic_write(text_file, tmp_path):
     trainer = Trainer(tiny_config(text_file, tmp_path / "run"), progress=False)
     trainer.run()
     files = sorted(p.name for p in (tmp_path / "run").iterdir())
-    assert files == ["checkpoint.pt", "metrics.jsonl", "model"]
+    assert files == ["checkpoint.pt", "metrics.jsonl", "model", "tokenizer.json"]
     state = load_checkpoint(tmp_path / "run")
     for key in ("model_config", "train_config", "model", "optimizer", "scheduler", "step", "rng"):
         assert key in state
@@ -127,7 +135,7 @@ def test_cli_train_eval_generate(text_file, tmp_path, capsys):
     report = tmp_path / "eval.json"
     assert main(["eval", str(out), "--lengths", "16,64", "--json", str(report)]) == 0
     results = json.loads(report.read_text())["results"]
-    assert [r["length"] for r in results] == [16, 64] and all(r["bpc"] > 0 for r in results)
+    assert [r["length"] for r in results] == [16, 64] and all(r["bpb"] > 0 for r in results)
     assert "length" in capsys.readouterr().out
     assert main(["generate", str(out), "--prompt", "To be", "--max-new-tokens", "5", "--temperature", "0"]) == 0
     assert capsys.readouterr().out.startswith("To be")

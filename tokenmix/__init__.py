@@ -1,5 +1,6 @@
 """tokenmix: fast token mixers for long sequences (TNN, SKI/FD-TNN, FNetAR, TCNCA)."""
 
+from .data.tokenizer import Tokenizer, train_bpe
 from .mixers import build_mixer, list_mixers
 from .models import ModelConfig, build_model, from_pretrained, list_models
 from .runtime import retain_freed_memory
@@ -11,6 +12,7 @@ __all__ = [
     "__version__",
     "check_finite_inputs",
     "ModelConfig",
+    "Tokenizer",
     "build_mixer",
     "build_model",
     "from_pretrained",
@@ -18,4 +20,5 @@ __all__ = [
     "list_mixers",
     "list_models",
     "retain_freed_memory",
+    "train_bpe",
 ]

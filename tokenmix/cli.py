@@ -1,4 +1,4 @@
-"""``tokenmix`` command line: train, eval, generate, plot, bench, compare.
+"""``tokenmix`` command line: train, finetune, eval, generate, plot, recipes, bench, compare.
 
 Each command reads and checks its input (arguments, data, checkpoints) inside ``user_input()``:
 a problem there is reported in one line (exit status 2). Errors after that are bugs and keep
@@ -14,13 +14,12 @@ import json
 import sys
 import time
 import unicodedata
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
 
 from .cli_args import check_output_path, integer, number, parse_lengths, parse_option
-from .data.corpus import BYTE_VOCAB
 from .data.sources import load_data
 from .errors import UsageError, user_input
 from .files import write_json_atomic
@@ -29,8 +28,9 @@ from .models.registry import list_models
 from .runtime import retain_freed_memory
 from .table import format_table
 from .train.checkpoint import load_checkpoint, model_from_checkpoint
-from .train.evaluate import describe
-from .train.generate import generate, naive_generate
+from .train.evaluate import SCORES, describe
+from .train.finetune import FROM_PRETRAINED, finetune_settings
+from .train.generate import StopRule, generate, naive_generate
 from .train.loop import TrainConfig, Trainer, TrainingDiverged, TrainingInterrupted
 from .train.objectives import objective_class, objective_for
 from .train.recipes import apply_recipe, list_recipes, recipe
@@ -68,6 +68,9 @@ TRAIN_HELP = {
     "device": "auto (CUDA when available), cpu, cuda or cuda:N",
     "out": "run directory: checkpoint.pt, metrics.jsonl, model/",
     "pool": "classification: mean of the real tokens' final states, or first or last (that real token's)",
+    "tokenizer": "text: bytes, bpe:VOCAB (a byte-level BPE learnt from the training split, cached) or a tokenizer.json file "
+    "(docs/language.md)",
+    "init": "start from the weights of this pretrained run (fine-tuning; `tokenmix finetune` sets it)",
     "recipe": "a named preset (`tokenmix recipes` lists them); flags given beside it override its values",
 }
 
@@ -82,11 +85,10 @@ def _use_threads(args) -> None:
         torch.set_num_threads(args.threads)
 
 
-def _add_train(subparsers) -> None:
-    parser = subparsers.add_parser("train", help="train a model (defaults: the TNN char-LM demo on Shakespeare)")
-    defaults = TrainConfig()
+def _add_run_flags(parser, defaults: TrainConfig, skipped: tuple[str, ...] = ()) -> None:
+    """A flag per TrainConfig field (but ``skipped``), -o options, --resume / --overwrite."""
     for spec in fields(TrainConfig):
-        if spec.name == "options":
+        if spec.name == "options" or spec.name in skipped:
             continue
         flag = f"--{spec.name.replace('_', '-')}"
         default = getattr(defaults, spec.name)
@@ -108,13 +110,41 @@ def _add_train(subparsers) -> None:
     run = parser.add_mutually_exclusive_group()
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint (its settings are kept)")
     run.add_argument("--overwrite", action="store_true", help="replace a run already in --out (by default such a directory is refused)")
+
+
+def _add_train(subparsers) -> None:
+    parser = subparsers.add_parser("train", help="train a model (defaults: the TNN char-LM demo on Shakespeare)")
+    _add_run_flags(parser, TrainConfig())
     parser.add_argument("--sample-tokens", type=integer(0), default=300, help="length of the sample printed after training (0: none)")
     parser.set_defaults(handler=run_train)
 
 
-def train_config_from_args(args) -> TrainConfig:
-    """The run's settings: the options given on the command line over the defaults, or over the
-    checkpoint's settings with ``--resume`` (so a resume need not repeat them)."""
+# A fine-tuning run's defaults where they differ from training's (BERT's recipe, Devlin et al.
+# arXiv 1810.04805 Appendix A.3, scaled to CPU budgets: a short linear schedule, small weight decay).
+FINETUNE_DEFAULTS = {
+    "lr": 3e-4,
+    "steps": 500,
+    "warmup": 50,
+    "schedule": "linear",
+    "min_lr_ratio": 0.0,
+    "weight_decay": 0.01,
+    "batch_size": 32,
+    "eval_every": 100,
+    "dropout": 0.1,
+}
+
+
+def _add_finetune(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "finetune", help="fine-tune a pretrained masked-LM run on a classification task (GLUE: --data glue-sst2:DIR)"
+    )
+    parser.add_argument("pretrained", help="a run directory (or checkpoint.pt, or save_pretrained directory) trained with --task mlm")
+    _add_run_flags(parser, replace(TrainConfig(), **FINETUNE_DEFAULTS, out="runs/finetune"), skipped=(*FROM_PRETRAINED, "recipe"))
+    parser.set_defaults(handler=run_finetune, sample_tokens=0)
+
+
+def _given_settings(args) -> dict:
+    """The TrainConfig settings given as flags (a time budget replaces a step count and back)."""
     given = {spec.name: getattr(args, spec.name) for spec in fields(TrainConfig) if getattr(args, spec.name, None) is not None}
     if args.option:
         given["options"] = dict(args.option)
@@ -122,6 +152,13 @@ def train_config_from_args(args) -> TrainConfig:
         given["steps"] = None
     if "steps" in given and "minutes" not in given:
         given["minutes"] = None
+    return given
+
+
+def train_config_from_args(args) -> TrainConfig:
+    """The run's settings: the options given on the command line over the defaults, or over the
+    checkpoint's settings with ``--resume`` (so a resume need not repeat them)."""
+    given = _given_settings(args)
     if not args.resume:
         return TrainConfig(**apply_recipe(given.pop("recipe", None), given))
     if "recipe" in given:
@@ -136,6 +173,23 @@ def run_train(args) -> int:
     with user_input():
         config = train_config_from_args(args)
         trainer = Trainer(config, resume=args.resume, overwrite=args.overwrite)
+    return _run(trainer, "train", args.sample_tokens)
+
+
+def run_finetune(args) -> int:
+    with user_input():
+        if args.resume:
+            config = train_config_from_args(args)
+        else:
+            # a --minutes budget sets steps to None over the default step count
+            config = TrainConfig(**finetune_settings(args.pretrained, {**FINETUNE_DEFAULTS, **_given_settings(args)}))
+        trainer = Trainer(config, resume=args.resume, overwrite=args.overwrite)
+    return _run(trainer, "finetune", sample_tokens=0)
+
+
+def _run(trainer: Trainer, command: str, sample_tokens: int) -> int:
+    """Train, print what came of it; exit status 130 when a signal stopped it, 1 when it diverged."""
+    config = trainer.config
     try:
         final = trainer.run()
         if trainer.context.is_main:
@@ -143,16 +197,17 @@ def run_train(args) -> int:
                 speed = f"{final['seconds_per_step']:.3f} s/step, {final['train_tokens_per_s']:,.0f} tokens/s"
                 print(f"training: {trainer.step} steps, {speed}, {trainer.model.num_parameters():,} parameters")
             print(f"validation: {describe(final)}")
-            if config.task == "lm" and trainer.objective.text and args.sample_tokens > 0:
-                prompt = torch.tensor(list(DEMO_PROMPT.encode()), dtype=torch.long)
-                new = generate(trainer.model, [prompt], args.sample_tokens, temperature=0.8, top_k=40, seed=config.seed)[0]
-                print("sample:\n" + DEMO_PROMPT + printable(bytes(new.tolist())))
+            if config.task == "lm" and trainer.objective.text and sample_tokens > 0:
+                tokenizer = trainer.tokenizer
+                prompt = tokenizer.encode(DEMO_PROMPT).long()
+                new = generate(trainer.model, [prompt], sample_tokens, temperature=0.8, top_k=40, seed=config.seed)[0]
+                print("sample:\n" + DEMO_PROMPT + printable(tokenizer.decode(new.tolist())))
             print(f"saved: {config.out}/checkpoint.pt and {config.out}/model/")
     except TrainingInterrupted as stopped:
-        print(f"tokenmix train: {stopped}", file=sys.stderr)
+        print(f"tokenmix {command}: {stopped}", file=sys.stderr)
         return INTERRUPTED_STATUS
     except TrainingDiverged as diverged:
-        print(f"tokenmix train: {diverged}", file=sys.stderr)
+        print(f"tokenmix {command}: {diverged}", file=sys.stderr)
         return 1
     finally:
         trainer.close()
@@ -181,23 +236,25 @@ def _add_eval(subparsers) -> None:
 
 
 @functools.cache
-def _load_data(source: str, length: int, seed: int):
-    return load_data(source, length, seed)
+def _load_data(source: str, length: int, seed: int, tokenizer):
+    return load_data(source, length, seed, tokenizer or "bytes")
 
 
-def _objective(model, train_config: dict, length: int):
-    """The run's objective on its data (a recall task is regenerated at ``length``; data read once per process)."""
-    return objective_for(_load_data(train_config["data"], length, train_config["seed"]), model.config.task, train_config["seed"])
+def _objective(model, train_config: dict, tokenizer, length: int):
+    """The run's objective on its data in its tokenizer's ids (a recall task is regenerated at
+    ``length``; data read once per process)."""
+    data = _load_data(train_config["data"], length, train_config["seed"], tokenizer)
+    return objective_for(data, model.config.task, train_config["seed"])
 
 
-def _evaluate_run(model, train_config: dict, checkpoint: str, args) -> dict:
+def _evaluate_run(model, train_config: dict, tokenizer, checkpoint: str, args) -> dict:
     """One checkpoint: its description and a row per length (language models, recall) or per split
     (classification: val and test unless --split is given)."""
     splits = args.split or (["val", "test"] if model.config.task == "classify" else ["test"])
     lengths = args.lengths or [train_config["seq_len"]]
     rows = []
     for length in lengths:
-        objective = _objective(model, train_config, length)
+        objective = _objective(model, train_config, tokenizer, length)
         for split in splits:
             metrics = objective.evaluate(model, split, length=length, max_tokens=args.max_tokens, batch_size=args.batch_size)
             rows.append({"split": split, "length": length, **metrics})
@@ -210,6 +267,7 @@ def _evaluate_run(model, train_config: dict, checkpoint: str, args) -> dict:
         "task": model.config.task,
         "parameters": model.num_parameters(),
         "data": train_config["data"],
+        "tokenizer": None if tokenizer is None else tokenizer.name,
         "splits": splits,
         "train_length": train_config["seq_len"],
         "recurrent": model.recurrent,
@@ -222,13 +280,16 @@ def _evaluate_run(model, train_config: dict, checkpoint: str, args) -> dict:
 def _shown(rows: list[dict], task: str) -> tuple[list[dict], list[str]]:
     """Rows formatted for the table (percentages) and the metric columns they have."""
     shown = [{**row, "loss_vs_first": f"{row['loss_vs_first']:+.2%}"} for row in rows]
+    scores = [name for name in SCORES if name in rows[0]]
+    shown = [{**row, **({"accuracy": f"{row['accuracy']:.2%}"} if "accuracy" in row else {})} for row in shown]
     if task == "classify":  # whole examples: the length plays no part
-        shown = [{**row, "accuracy": f"{row['accuracy']:.2%}", "majority_class": f"{row['majority_accuracy']:.2%}"} for row in shown]
-        return shown, ["split", "loss", "accuracy", "majority_class", "examples"]
-    if "accuracy" in rows[0]:
-        shown = [{**row, "accuracy": f"{row['accuracy']:.2%}"} for row in shown]
-        return shown, ["split", "length", "loss", "accuracy", "examples", "loss_vs_first"]
-    return shown, ["split", "length", "loss", "bpc", "ppl", "tokens", "loss_vs_first"]
+        floor = ["majority_class"] if "majority_accuracy" in rows[0] else []
+        shown = [{**row, **({"majority_class": f"{row['majority_accuracy']:.2%}"} if floor else {})} for row in shown]
+        return shown, ["split", "loss", *scores, *floor, "examples"]
+    if scores:
+        return shown, ["split", "length", "loss", *scores, "examples", "loss_vs_first"]
+    words = ["word_ppl"] if "word_ppl" in rows[0] else []
+    return shown, ["split", "length", "loss", "ppl", "bpb", *words, "tokens", "loss_vs_first"]
 
 
 def run_eval(args) -> int:
@@ -236,19 +297,22 @@ def run_eval(args) -> int:
         _use_threads(args)
         check_output_path(args.json, "--json")
         runs = [(*model_from_checkpoint(checkpoint, args.device), checkpoint) for checkpoint in args.checkpoint]
-        kinds = {(objective_class(train_config["data"]).kind, model.config.task) for model, train_config, _ in runs}
+        kinds = {(objective_class(train_config["data"]).kind, model.config.task) for model, train_config, _, _ in runs}
         if len(kinds) > 1:
             raise ValueError(f"checkpoints in one table must share a kind of data and task; these have {sorted(kinds)}")
         if args.lengths and runs[0][0].config.task == "classify":
             raise ValueError("--lengths applies to language models and recall; a classifier reads whole examples of the data's own lengths")
-        for model, train_config, _ in runs:
-            _objective(model, train_config, train_config["seq_len"])  # the data is still where it was
-    results = [_evaluate_run(model, train_config, checkpoint, args) for model, train_config, checkpoint in runs]
+        for model, train_config, tokenizer, _ in runs:
+            _objective(model, train_config, tokenizer, train_config["seq_len"])  # the data is still where it was
+    results = [_evaluate_run(*run, args) for run in runs]
     if len(results) == 1:
         (result,) = results
         splits = " and ".join(result["splits"])
         noun = "splits" if len(result["splits"]) > 1 else "split"
-        print(f"{result['model']} ({result['task']}, {result['parameters']:,} parameters) on the {splits} {noun} of {result['data']}")
+        tokens = f", {result['tokenizer']} tokens" if result["tokenizer"] not in (None, "bytes") else ""
+        print(
+            f"{result['model']} ({result['task']}, {result['parameters']:,} parameters{tokens}) on the {splits} {noun} of {result['data']}"
+        )
         if result["task"] != "classify":
             reading = "contiguous streams, memory carried across segments" if result["recurrent"] else "independent windows"
             print(f"trained at length {result['train_length']}; evaluated on {reading}")
@@ -257,14 +321,15 @@ def run_eval(args) -> int:
     else:
         sources = sorted({result["data"] for result in results})
         print(f"{len(results)} runs on {' and '.join(sources)}")
+        varying = [
+            key for key in ("data", "tokenizer") if len({str(result[key]) for result in results}) > 1
+        ]  # columns that tell runs apart
         table = []
         for result in results:
             shown, columns = _shown(result["results"], result["task"])
             described = {"run": result["checkpoint"], "model": result["model"], "parameters": result["parameters"]}
-            if len(sources) > 1:
-                described["data"] = result["data"]
-            table += [{**described, **row} for row in shown]
-        print(format_table(table, ["run", "model", *(["data"] if len(sources) > 1 else []), "parameters", *columns]))
+            table += [{**described, **{key: result[key] for key in varying}, **row} for row in shown]
+        print(format_table(table, ["run", "model", *varying, "parameters", *columns]))
     if args.json:
         write_json_atomic(args.json, results[0] if len(results) == 1 else results)
     return 0
@@ -304,27 +369,35 @@ def _escaped(text: str) -> str:
 
 
 class TextStream:
-    """Prints byte tokens as text as they arrive (a character split across tokens waits for its last byte)."""
+    """Prints a sample's bytes as text as they arrive (a character split across tokens waits for its
+    last byte), and nothing after the end of the stop text once it has come."""
 
-    def __init__(self):
+    def __init__(self, stop: StopRule):
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.stop, self.sample, self.done = stop, b"", False
 
     def write(self, data: bytes, final: bool = False) -> None:
         sys.stdout.write(_escaped(self.decoder.decode(data, final)))
         sys.stdout.flush()
 
+    def write_sample(self, data: bytes) -> None:
+        """Bytes of generated tokens: written up to the end of the stop text."""
+        if self.done:
+            return
+        cut = self.stop.cut(self.sample + data)
+        self.done = self.stop.text is not None and self.stop.text in cut
+        self.write(cut[len(self.sample) :])
+        self.sample = cut
+
 
 def run_generate(args) -> int:
     with user_input():
         _use_threads(args)
-        model, train_config = model_from_checkpoint(args.checkpoint, args.device)
+        model, train_config, tokenizer = model_from_checkpoint(args.checkpoint, args.device)
         if model.config.task != "lm":
             raise ValueError(f"generate needs a causal LM checkpoint (task 'lm'); {args.checkpoint!r} is task {model.config.task!r}")
-        if model.config.vocab_size != BYTE_VOCAB:
-            raise ValueError(
-                f"generate reads and writes text as bytes (vocabulary {BYTE_VOCAB}); {args.checkpoint!r} was trained on "
-                f"{train_config['data']!r} with vocabulary {model.config.vocab_size}"
-            )
+        if tokenizer is None:
+            raise ValueError(f"generate writes text; {args.checkpoint!r} was trained on {train_config['data']!r}, which is not text")
         texts = args.prompt or [DEMO_PROMPT]
         if any(not text for text in texts):
             raise ValueError("--prompt must not be empty")
@@ -335,6 +408,10 @@ def run_generate(args) -> int:
             raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
         if args.check and args.temperature != 0:
             raise ValueError("--check compares greedy decoding: use it with --temperature 0")
+        prompts = [tokenizer.encode(text).long() for text in texts]
+        if any(prompt.numel() == 0 for prompt in prompts):
+            raise ValueError("--prompt: a prompt encodes to no tokens")
+    rule = StopRule(stop, model.config.vocab_size, tokenizer)
     options = {
         "temperature": args.temperature,
         "top_k": args.top_k or None,
@@ -342,26 +419,30 @@ def run_generate(args) -> int:
         "stop": stop,
         "seed": args.seed,
         "segment_length": train_config["seq_len"] if model.recurrent else None,  # XL: the segments it was trained on
+        "tokenizer": tokenizer,
     }
-    prompts = [torch.tensor(list(text.encode()), dtype=torch.long) for text in texts]
     if args.stream:
         for index, (text, prompt) in enumerate(zip(texts, prompts, strict=True)):
-            stream = TextStream()
+            stream = TextStream(rule)
             stream.write(("" if index == 0 else "\n---\n").encode() + text.encode())
-            generate(model, [prompt], args.max_new_tokens, **options, on_token=lambda _row, token, out=stream: out.write(bytes([token])))
+            write = lambda _row, token, out=stream: out.write_sample(tokenizer.token_bytes[token])  # noqa: E731
+            generate(model, [prompt], args.max_new_tokens, **options, on_token=write)
             stream.write(b"\n", final=True)
         return 0
     started = time.perf_counter()
     samples = generate(model, prompts, args.max_new_tokens, **options)
     cached_seconds = time.perf_counter() - started
-    print("\n---\n".join(printable(text.encode() + bytes(new.tolist())) for text, new in zip(texts, samples, strict=True)))
-    return _check_against_recompute(model, prompts, samples, args.max_new_tokens, stop, cached_seconds) if args.check else 0
+    shown = [printable(text.encode() + rule.cut(tokenizer.decode(new.tolist()))) for text, new in zip(texts, samples, strict=True)]
+    print("\n---\n".join(shown))
+    if args.check:
+        return _check_against_recompute(model, prompts, samples, args.max_new_tokens, stop, tokenizer, cached_seconds)
+    return 0
 
 
-def _check_against_recompute(model, prompts, samples, max_new_tokens: int, stop, cached_seconds: float) -> int:
+def _check_against_recompute(model, prompts, samples, max_new_tokens: int, stop, tokenizer, cached_seconds: float) -> int:
     """Decode again by recomputing the whole sequence per token; 0 if every token agrees, else 1."""
     started = time.perf_counter()
-    references = [naive_generate(model, prompt, max_new_tokens, stop) for prompt in prompts]
+    references = [naive_generate(model, prompt, max_new_tokens, stop, tokenizer) for prompt in prompts]
     recompute_seconds = time.perf_counter() - started
     agreed = [torch.equal(new, reference) for new, reference in zip(samples, references, strict=True)]
     tokens = sum(len(new) for new in samples)
@@ -394,7 +475,7 @@ def run_plot(args) -> int:
             files = [plot_fd_responses(f"{args.out}/fd_responses_random.png", n=args.length)]
         else:
             channel = args.channel or 0
-            model, _ = model_from_checkpoint(args.run)
+            model, _, _ = model_from_checkpoint(args.run)
             mixers = toeplitz_mixers(model)
             channels = min(mixer.dim for _, mixer in mixers)
             if channel >= channels:
@@ -426,8 +507,9 @@ def run_recipes(args) -> int:
     with user_input():
         chosen = recipe(args.name) if args.name else None
     if chosen is None:
+        width = max(map(len, list_recipes())) + 1
         for name in list_recipes():
-            print(f"{name:<26} {recipe(name).description}")
+            print(f"{name:<{width}} {recipe(name).description}")
         print("\n`tokenmix recipes NAME`: a recipe's source and values; `tokenmix train --recipe NAME [flags]` trains with them")
         return 0
     print(f"{args.name}: {chosen.description}\nsource: {chosen.source}\n")
@@ -445,6 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tokenmix {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_train(subparsers)
+    _add_finetune(subparsers)
     _add_eval(subparsers)
     _add_generate(subparsers)
     _add_plot(subparsers)

@@ -1,4 +1,4 @@
-"""Corpora, generated tasks, the Long Range Arena files, and batch construction."""
+"""Corpora and tokenizers, generated tasks, the Long Range Arena and GLUE files, and batch construction."""
 
 from .batches import StreamBatches, contiguous_windows, lm_batch, mask_tokens, mlm_batch, random_windows, step_generator, step_seed
 from .corpus import BYTE_VOCAB, SPLITS, ByteCorpus, load_corpus
@@ -11,6 +11,8 @@ from .lra_text import load_lra_text
 from .recall import AssociativeRecall, recall_examples
 from .shapes import load_shapes
 from .sources import load_data
+from .tokenized import TokenCorpus, resolve_tokenizer, tokenize_corpus
+from .tokenizer import Tokenizer, byte_tokenizer, train_bpe
 from .wikitext import load_wikitext
 
 __all__ = [
@@ -22,6 +24,12 @@ __all__ = [
     "ListOpsOptions",
     "SPLITS",
     "StreamBatches",
+    "TokenCorpus",
+    "Tokenizer",
+    "byte_tokenizer",
+    "resolve_tokenizer",
+    "tokenize_corpus",
+    "train_bpe",
     "contiguous_windows",
     "generate_listops",
     "listops_examples",

@@ -45,9 +45,10 @@ def mask_tokens(tokens: torch.Tensor, mask_id: int, vocab_size: int, generator: 
     return inputs, targets
 
 
-def mlm_batch(data: torch.Tensor, batch_size: int, length: int, generator: torch.Generator, mask_id: int):
+def mlm_batch(data: torch.Tensor, batch_size: int, length: int, generator: torch.Generator, mask_id: int, vocab_size: int):
+    """(inputs, targets) of masked-LM windows; random replacements drawn from ``[0, vocab_size)``."""
     window = random_windows(data, batch_size, length - 1, generator)
-    return mask_tokens(window, mask_id, mask_id, generator)
+    return mask_tokens(window, mask_id, vocab_size, generator)
 
 
 def contiguous_windows(data: torch.Tensor, length: int):

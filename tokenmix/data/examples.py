@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from .corpus import SPLITS
+from .tokenizer import Tokenizer
 
 
 def _concatenate(sequences) -> np.ndarray:
@@ -26,6 +27,12 @@ def _concatenate(sequences) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
+def _labels(labels) -> torch.Tensor:
+    """Class ids as int64; scores (a float tensor: STS-B) kept as float32."""
+    labels = torch.as_tensor(labels)
+    return labels.float() if labels.is_floating_point() else labels.long()
+
+
 @dataclass
 class Examples:
     """``count`` labelled examples; document ``j`` of example ``i`` is ``tokens[offsets[k]:offsets[k + 1]]``
@@ -33,7 +40,7 @@ class Examples:
 
     tokens: torch.Tensor  # 1-D integer tensor, every sequence end to end
     offsets: torch.Tensor  # (count * documents + 1,) int64, starting at 0
-    labels: torch.Tensor  # (count,) int64
+    labels: torch.Tensor  # (count,) int64 class ids, or float32 scores (regression)
     documents: int = 1
 
     @classmethod
@@ -44,7 +51,7 @@ class Examples:
         lengths = torch.tensor([len(sequence) for sequence in sequences], dtype=torch.int64)
         offsets = torch.zeros(len(sequences) + 1, dtype=torch.int64)
         torch.cumsum(lengths, 0, out=offsets[1:])
-        return cls(torch.from_numpy(_concatenate(sequences)).to(dtype), offsets, torch.as_tensor(labels, dtype=torch.int64), documents)
+        return cls(torch.from_numpy(_concatenate(sequences)).to(dtype), offsets, _labels(labels), documents)
 
     @classmethod
     def from_array(cls, array: np.ndarray, labels: Sequence[int], dtype=torch.uint8) -> Examples:
@@ -98,6 +105,8 @@ class ClassificationData:
     """A classification task: three splits, the vocabulary (token ids in [0, vocab_size)) and classes.
 
     ``grid`` = (H, W) when every sequence is an H x W image read row by row (2-D mixers use it).
+    Text tasks keep their ``tokenizer``; GLUE tasks name themselves in ``glue_task`` (their metric),
+    and ``num_classes == 1`` means a score to regress (STS-B).
     """
 
     source: str
@@ -107,6 +116,8 @@ class ClassificationData:
     val: Examples
     test: Examples
     grid: tuple[int, int] | None = None
+    tokenizer: Tokenizer | None = None
+    glue_task: str | None = None
 
     def split(self, name: str) -> Examples:
         if name not in SPLITS:

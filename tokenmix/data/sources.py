@@ -4,6 +4,8 @@
   for language modelling (``corpus.py``).
 - ``wikitext:DIR[:variant=tokens|raw]``: WikiText-103 / WikiText-2 from ``wiki.{train,valid,test}.tokens``
   (or ``.raw``), a byte corpus (``wikitext.py``).
+- ``glue-TASK:DIR[:max_length=N][:val_fraction=F][:dev=matched|mismatched]``: a GLUE task
+  (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte) from its release TSVs (``glue_source.py``).
 - ``assoc-recall[:vocab=V]``: associative recall, generated (``recall.py``).
 - ``listops[:key=value...]``: ListOps generated as the Long Range Arena does, seeded by the run's
   seed; options ``train``, ``val``, ``test`` (counts), ``min_length``, ``max_length``, ``max_depth``,
@@ -20,12 +22,17 @@
 
 Classification sources give a ``ClassificationData``; their ``length`` is set by their own options
 (the ``length`` argument shapes the associative-recall task only).
+
+``tokenizer`` (``--tokenizer``: bytes, bpe:V, a tokenizer.json path, or a ``Tokenizer``) applies to
+text: corpora become a ``TokenCorpus`` and GLUE texts are tokenized with it; a BPE is learnt from
+the training split. The other tasks have their own token ids and take bytes only.
 """
 
 from __future__ import annotations
 
-from .corpus import ByteCorpus, load_corpus
+from .corpus import load_corpus
 from .examples import ClassificationData
+from .glue_source import glue_task, load_glue_task, training_text
 from .listops import load_listops
 from .lra_image import load_lra_image
 from .lra_pathfinder import load_lra_pathfinder
@@ -35,10 +42,13 @@ from .recall import PREFIX as RECALL
 from .recall import AssociativeRecall, parse_recall
 from .shapes import load_shapes
 from .spec import parse_source
+from .tokenized import TokenCorpus, resolve_tokenizer, split_bytes, tokenize_corpus
+from .tokenizer import BYTES, Tokenizer
 from .wikitext import NAME as WIKITEXT
 from .wikitext import load_wikitext
 
-DataSource = ByteCorpus | AssociativeRecall | ClassificationData
+DataSource = TokenCorpus | AssociativeRecall | ClassificationData
+GLUE_OPTIONS = {"max_length": int, "val_fraction": float, "dev": str}
 
 # name -> (loader, its options and their types, whether it takes the run's seed)
 TASKS = {
@@ -51,22 +61,33 @@ TASKS = {
 }
 
 
-def load_data(source: str, length: int, seed: int = 0) -> DataSource:
+def load_data(source: str, length: int, seed: int = 0, tokenizer: str | Tokenizer = BYTES, progress: bool = False) -> DataSource:
     """Load ``--data`` (see the module docstring); ValueError for anything unusable, before any training."""
+    kind = source_kind(source)
+    if kind not in ("corpus", "glue") and not (tokenizer == BYTES or getattr(tokenizer, "is_bytes", False)):
+        raise ValueError(f"data {source!r} has its own token ids; --tokenizer applies to text corpora and GLUE tasks (use bytes)")
+    if kind == "glue":
+        spec = parse_source(source, source.split(":", 1)[0])
+        options = spec.take_all(GLUE_OPTIONS)
+        text = training_text(spec) if isinstance(tokenizer, str) and tokenizer.startswith("bpe:") else None
+        return load_glue_task(spec, resolve_tokenizer(tokenizer, text, progress), seed, **options)
     for name, (loader, kinds, seeded) in TASKS.items():
         spec = parse_source(source, name)
         if spec is not None:
             options = spec.take_all(kinds)
             return loader(spec.directory, **options, **({"seed": seed} if seeded else {}))
+    if kind == "recall":
+        return parse_recall(source, length, seed)
     wikitext = parse_source(source, WIKITEXT)
-    if wikitext is not None:
-        return load_wikitext(wikitext.directory, **wikitext.take_all({"variant": str}))
-    return parse_recall(source, length, seed) or load_corpus(source)
+    corpus = load_wikitext(wikitext.directory, **wikitext.take_all({"variant": str})) if wikitext else load_corpus(source)
+    return tokenize_corpus(corpus, resolve_tokenizer(tokenizer, split_bytes(corpus, "train"), progress), progress)
 
 
 def source_kind(source: str) -> str:
-    """ "classification", "recall" or "corpus": what ``load_data(source)`` gives, from the name alone
-    (so a task that does not fit the data is refused before any data is read or generated)."""
+    """ "classification", "glue", "recall" or "corpus": what ``load_data(source)`` gives, from the name
+    alone (so a task that does not fit the data is refused before any data is read or generated)."""
+    if glue_task(source) is not None:
+        return "glue"
     if any(parse_source(source, name) is not None for name in TASKS):
         return "classification"
     return "recall" if parse_source(source, RECALL) is not None else "corpus"

@@ -49,7 +49,7 @@ class ModelConfig:
         for argument in ("vocab_size", "dim", "depth"):
             check_int(getattr(self, argument), argument)
         if self.task == "classify":
-            check_int(self.num_classes, "num_classes (task='classify')", minimum=2)
+            check_int(self.num_classes, "num_classes (task='classify'; 1 is one regressed score)", minimum=1)
         elif self.num_classes is not None:
             raise ValueError(f"num_classes is only used with task='classify', got {self.num_classes!r}")
         if self.pool not in POOLS:

@@ -50,8 +50,18 @@ def restore_rng_state(state: dict) -> None:
     random.setstate(state["python"])
 
 
+def checkpoint_tokenizer(state: dict):
+    """The tokenizer a checkpoint was trained with (its JSON is kept in it); bytes for text runs
+    written before tokenizers, None for data with ids of its own (ListOps, LRA, recall)."""
+    from ..data.tokenizer import Tokenizer, byte_tokenizer
+
+    if state.get("tokenizer") is not None:
+        return Tokenizer.from_json(state["tokenizer"], state["train_config"].get("tokenizer", "saved"))
+    return byte_tokenizer() if "tokenizer" not in state else None
+
+
 def model_from_checkpoint(path, device="cpu"):
-    """(model, train_config dict) from a training checkpoint file or run directory."""
+    """(model, train_config dict, tokenizer or None) from a training checkpoint file or run directory."""
     from ..devices import resolve_device
     from ..models.config import ModelConfig
     from ..models.model import SequenceModel
@@ -59,4 +69,4 @@ def model_from_checkpoint(path, device="cpu"):
     state = load_checkpoint(path)
     model = SequenceModel(ModelConfig.from_dict(state["model_config"]))
     model.load_state_dict(state["model"])
-    return model.to(resolve_device(device)).eval(), state["train_config"]
+    return model.to(resolve_device(device)).eval(), state["train_config"], checkpoint_tokenizer(state)

@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ..data.corpus import BYTE_VOCAB
+from ..data.tokenizer import Tokenizer, byte_tokenizer
 from ..validation import check_int, check_number
 
 Stop = int | str | Sequence[int] | None
@@ -37,22 +39,49 @@ def _check_options(model, prompts, max_new_tokens, temperature, top_k, top_p) ->
 
 
 def stop_ids(stop: Stop, vocab_size: int) -> list[int] | None:
-    """The token ids that end a row: a token id, a list of ids, or a string (UTF-8 bytes; byte models)."""
+    """The token ids that end a row: a token id or a non-empty list of them."""
     if stop is None:
         return None
-    if isinstance(stop, str):
-        if vocab_size != 256:
-            raise ValueError(
-                f"stop as a string is encoded as UTF-8 bytes, which needs a byte model (vocabulary 256), not {vocab_size}; pass token ids"
-            )
-        ids = list(stop.encode())
-    elif isinstance(stop, int) and not isinstance(stop, bool):
-        ids = [stop]
-    else:
-        ids = list(stop)
+    ids = [stop] if isinstance(stop, int) and not isinstance(stop, bool) else list(stop)
     if not ids or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab_size for i in ids):
         raise ValueError(f"stop must be a token id in [0, {vocab_size}), a non-empty list of them, or a string; got {stop!r}")
     return ids
+
+
+class StopRule:
+    """When a row is done: its ids end with the stop ids, or (a string) the text its ids decode to
+    contains the stop text. Token boundaries of a BPE need not fall where the text does, so the row
+    ends with the token that completes the string; ``cut`` trims the text after it."""
+
+    def __init__(self, stop: Stop, vocab_size: int, tokenizer: Tokenizer | None = None):
+        self.ids, self.text = None, None
+        if isinstance(stop, str):
+            if tokenizer is None and vocab_size != BYTE_VOCAB:
+                raise ValueError(f"stop as a string needs the model's tokenizer (vocabulary {vocab_size}, not bytes): pass tokenizer=")
+            if not stop:
+                raise ValueError("stop must not be an empty string")
+            self.text, self.token_bytes = stop.encode(), (tokenizer or byte_tokenizer()).token_bytes
+        else:
+            self.ids = stop_ids(stop, vocab_size)
+
+    def reached(self, tokens: list[int]) -> bool:
+        if self.ids is not None:
+            return len(tokens) >= len(self.ids) and tokens[len(tokens) - len(self.ids) :] == self.ids
+        if self.text is None or not tokens:
+            return False
+        # Not found before the last token: a match ends inside its bytes, so a tail this long holds it.
+        needed, tail = len(self.text) - 1 + len(self.token_bytes[tokens[-1]]), []
+        for token in reversed(tokens):
+            tail.append(self.token_bytes[token])
+            needed -= len(tail[-1])
+            if needed <= 0:
+                break
+        return self.text in b"".join(reversed(tail))
+
+    def cut(self, text: bytes) -> bytes:
+        """``text`` up to the end of the first stop string in it (all of it for id stops or none found)."""
+        found = -1 if self.text is None else text.find(self.text)
+        return text if found < 0 else text[: found + len(self.text)]
 
 
 def choose_tokens(
@@ -77,10 +106,6 @@ def choose_tokens(
     return torch.multinomial(probabilities, 1, generator=generator)[:, 0].to(logits.device)
 
 
-def _ends_with(tokens: list[int], stop: list[int] | None) -> bool:
-    return stop is not None and len(tokens) >= len(stop) and tokens[len(tokens) - len(stop) :] == stop
-
-
 @torch.no_grad()
 def generate(
     model,
@@ -94,16 +119,18 @@ def generate(
     seed: int | None = None,
     segment_length: int | None = None,
     on_token: Callable[[int, int], None] | None = None,
+    tokenizer: Tokenizer | None = None,
 ) -> list[torch.Tensor]:
     """The new token ids of each prompt (1-D id tensors of any lengths), decoded with the model's state.
 
-    ``stop``: a token id, a list of ids or a string (UTF-8 bytes, byte models) that ends a row; the
-    row's ids end with it. ``seed`` fixes the sampling. ``segment_length``: the segment of XL
+    ``stop``: a token id or a list of ids that ends a row (its ids end with them), or a string: the
+    row ends with the token that completes it in the decoded text (``StopRule``; ``tokenizer``
+    decodes, bytes by default). ``seed`` fixes the sampling. ``segment_length``: the segment of XL
     models' memory (default: none, the whole stream is one segment). ``on_token(row, id)`` is
     called for every new token as it is chosen (streaming output).
     """
     prompts = _check_options(model, prompts, max_new_tokens, temperature, top_k, top_p)
-    stop = stop_ids(stop, model.config.vocab_size)
+    stop = StopRule(stop, model.config.vocab_size, tokenizer)
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     was_training = model.training
     model.eval()
@@ -125,7 +152,7 @@ def generate(
                 inputs.append(chosen[slot])
                 if on_token is not None:
                     on_token(row, chosen[slot])
-            if len(new[row]) < max_new_tokens and not _ends_with(new[row], stop):
+            if len(new[row]) < max_new_tokens and not stop.reached(new[row]):
                 kept.append(slot)
         if len(kept) < len(rows):
             rows = [rows[slot] for slot in kept]
@@ -140,14 +167,14 @@ def generate(
 
 
 @torch.no_grad()
-def naive_generate(model, prompt: torch.Tensor, max_new_tokens: int, stop: Stop = None) -> torch.Tensor:
+def naive_generate(model, prompt: torch.Tensor, max_new_tokens: int, stop: Stop = None, tokenizer: Tokenizer | None = None) -> torch.Tensor:
     """Reference (tests only): greedy decoding that re-runs the whole sequence for every token."""
-    stop = stop_ids(stop, model.config.vocab_size)
+    stop = StopRule(stop, model.config.vocab_size, tokenizer)
     was_training = model.training
     model.eval()
     tokens = prompt.to(next(model.parameters()).device)
     new: list[int] = []
-    while len(new) < max_new_tokens and not _ends_with(new, stop):
+    while len(new) < max_new_tokens and not stop.reached(new):
         new.append(int(model(tokens[None])[0, -1].argmax()))
         tokens = torch.cat([tokens, tokens.new_tensor(new[-1:])])
     model.train(was_training)

@@ -26,6 +26,7 @@ import torch
 
 from ..data.batches import StreamBatches, step_generator, step_seed
 from ..data.sources import DataSource, load_data
+from ..data.tokenizer import TOKENIZER_FILE, Tokenizer, parse_tokenizer_spec
 from ..devices import resolve_device
 from ..models.config import POOLS, ModelConfig
 from ..models.model import ModelState, SegmentState, SequenceModel
@@ -33,9 +34,10 @@ from ..models.pretrained import save_pretrained
 from ..models.registry import resolve_model_options
 from ..progress import progress_bar
 from ..validation import check_int, check_number, set_finite_checks
-from .checkpoint import CHECKPOINT_FILE, load_checkpoint, restore_rng_state, rng_state, save_checkpoint
+from .checkpoint import CHECKPOINT_FILE, checkpoint_tokenizer, load_checkpoint, restore_rng_state, rng_state, save_checkpoint
 from .distributed import DistributedContext, init_distributed
 from .evaluate import describe
+from .finetune import load_initial_weights, pretrained_vocab_size
 from .objectives import check_task, objective_for
 from .optim import build_optimizer
 from .recipes import recipe
@@ -100,6 +102,8 @@ class TrainConfig:
     device: str = "auto"
     out: str = "runs/demo"
     pool: str = "mean"
+    tokenizer: str = "bytes"
+    init: str | None = None
     recipe: str | None = None
     options: dict = field(default_factory=dict)
 
@@ -134,6 +138,9 @@ class TrainConfig:
         for name in ("beta1", "beta2"):
             check_number(getattr(self, name), name, 0, 1, open_maximum=True)  # Adam's betas lie in [0, 1)
         parse_interval(self.save_every)
+        parse_tokenizer_spec(self.tokenizer)
+        if self.init is not None and self.task == "lm":
+            raise ValueError("init starts a run from a pretrained model's weights to fine-tune it on a task: use it with task 'classify'")
         if not isinstance(self.options, dict):
             raise ValueError(f"options must be a dict of model options, got {type(self.options).__name__}")
 
@@ -212,13 +219,19 @@ class Trainer:
             set_finite_checks(True)
         self.device = resolve_device(config.device)
         check_task(config.data, config.task)  # before the data is read or generated
-        self.data: DataSource = load_data(config.data, config.seq_len, config.seed)  # fails before any training on a bad path
+        saved = self._load_checkpoint() if resume else None
+        # A resumed run reads its data with the tokenizer it was trained with (kept in the checkpoint).
+        tokenizer = (checkpoint_tokenizer(saved) if saved else None) or config.tokenizer
+        # fails before any training on a bad path; a BPE is learnt (or read from the cache) here
+        self.data: DataSource = load_data(config.data, config.seq_len, config.seed, tokenizer, progress=progress)
         self.objective = objective_for(self.data, config.task, config.seed)
-        checkpoint = self._read_checkpoint() if resume else None
+        checkpoint = self._check_resume(saved) if resume else None
         # A resumed model is rebuilt from the checkpoint's resolved config, so defaults that changed since do not touch it.
-        model_config = ModelConfig.from_dict(checkpoint["model_config"]) if resume else config.model_config(self.objective.model_fields())
+        model_config = ModelConfig.from_dict(checkpoint["model_config"]) if resume else config.model_config(self._model_fields())
         torch.manual_seed(config.seed)
         self.model = SequenceModel(model_config)
+        if config.init is not None and not resume:
+            load_initial_weights(self.model, config.init)
         if self.model.recurrent and not self.objective.streams:
             raise ValueError(f"data {config.data!r} needs a model that reads whole examples, not the segment-recurrent {config.model!r}")
         if not resume:
@@ -234,6 +247,8 @@ class Trainer:
                 truncate_metrics(self.out / METRICS_FILE, checkpoint["step"])
             else:
                 self.removed_stale = claim_directory(self.out, overwrite)
+                if self.tokenizer is not None:
+                    self.tokenizer.save(self.out / TOKENIZER_FILE)
         self.context.barrier()
         self.trained = self.model
         if self.context.enabled:
@@ -254,6 +269,18 @@ class Trainer:
         if checkpoint is not None:
             self._resume(checkpoint)
 
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        """The text's tokenizer (None for data with ids of its own)."""
+        return getattr(self.data, "tokenizer", None)
+
+    def _model_fields(self) -> dict:
+        """What the data fixes of the model; a fine-tuned model keeps its pretrained embedding rows."""
+        fields = self.objective.model_fields()
+        if self.config.init is not None:
+            fields["vocab_size"] = max(fields["vocab_size"], pretrained_vocab_size(self.config.init))
+        return fields
+
     # schedule -----------------------------------------------------------------------------
     def _multiplier(self, step: int) -> float:
         total = self.total_steps or max(step + 1, self.config.warmup + 1)
@@ -272,13 +299,17 @@ class Trainer:
             "train_seconds": self.train_seconds,
             "resumes": self.resumes,
             "rng": rng_state(),
+            "tokenizer": None if self.tokenizer is None else self.tokenizer.to_json(),
         }
 
-    def _read_checkpoint(self) -> dict:
+    def _load_checkpoint(self) -> dict:
         path = self.out / CHECKPOINT_FILE
         if not path.is_file():
             raise ValueError(f"--resume: no checkpoint at {str(path)!r}")
-        state = load_checkpoint(path)
+        return load_checkpoint(path)
+
+    def _check_resume(self, state: dict) -> dict:
+        """The checkpoint ``state`` with the settings this resume changes (ValueError for refused ones)."""
         requested = asdict(self.config)
         saved_options = state["train_config"].get("options", {})
         if self._resolved_options(saved_options) == self._resolved_options(self.config.options):
@@ -299,7 +330,7 @@ class Trainer:
     def _resolved_options(self, options: dict) -> dict | None:
         """Every model option the run's settings with these ``options`` resolve to (None if they resolve to no model)."""
         try:
-            return replace(self.config, options=options).model_config(self.objective.model_fields()).options
+            return replace(self.config, options=options).model_config(self._model_fields()).options
         except ValueError:
             return None
 
@@ -474,6 +505,8 @@ class Trainer:
             self.log({"step": self.step, "split": "val", "final": True, **final})
             if self.context.is_main:
                 save_pretrained(self.model, self.out / MODEL_DIRECTORY)
+                if self.tokenizer is not None:
+                    self.tokenizer.save(self.out / MODEL_DIRECTORY / TOKENIZER_FILE)
         self.context.barrier()
         return final
 

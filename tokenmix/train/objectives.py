@@ -1,8 +1,10 @@
 """What a run learns from its data: batches, the loss and evaluation, one class per kind of data.
 
-- ``LanguageModeling``: a byte corpus, next-token (task "lm") or masked-token ("mlm") prediction;
+- ``LanguageModeling``: a text corpus in its tokenizer's ids, next-token (task "lm") or
+  masked-token ("mlm") prediction, scored in bits per byte;
 - ``Recall``: associative recall, trained on next tokens, scored on the recalled value;
-- ``Classification``: one label per example (ListOps, the Long Range Arena tasks), task "classify".
+- ``Classification``: one label per example (ListOps, the Long Range Arena tasks), task "classify";
+- ``Glue``: a GLUE task, classified (or its score regressed: STS-B), scored by GLUE's metric.
 
 ``objective_for(data, task)`` picks the objective of a loaded ``--data`` source; ``check_task(source,
 task)`` refuses a task the source cannot learn before it is loaded. The trainer and ``tokenmix eval``
@@ -11,12 +13,15 @@ only talk to the objective.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 from ..data.batches import lm_batch, mlm_batch
 from ..data.sources import source_kind
-from .evaluate import evaluate_classification, evaluate_lm, evaluate_mlm, evaluate_recall
+from .evaluate import evaluate_classification, evaluate_lm, evaluate_mlm, evaluate_recall, predict
+from .metrics import glue_metrics
 
 
 class Objective:
@@ -39,7 +44,7 @@ class Objective:
 
     def model_fields(self) -> dict:
         """The model settings the data fixes (vocabulary; classes and documents for classification)."""
-        return {"vocab_size": self.data.vocab_size + (1 if self.task == "mlm" else 0)}
+        return {"vocab_size": self.data.vocab_size}
 
     def batch(self, batch_size: int, seq_len: int, generator: torch.Generator):
         """(inputs, targets, mask) of one training step; mask None when every token is real."""
@@ -58,16 +63,26 @@ class LanguageModeling(Objective):
     text = True
     kind = "language-modelling"
 
+    def model_fields(self) -> dict:
+        return {"vocab_size": self.data.tokenizer.model_vocab_size(self.task)}
+
     def batch(self, batch_size, seq_len, generator):
+        tokenizer = self.data.tokenizer
         if self.task == "mlm":
-            return (*mlm_batch(self.data.train, batch_size, seq_len, generator, self.data.vocab_size), None)
+            return (*mlm_batch(self.data.train, batch_size, seq_len, generator, tokenizer.mask_id, tokenizer.vocab_size), None)
         return (*lm_batch(self.data.train, batch_size, seq_len, generator), None)
 
     def evaluate(self, model, split, *, length, max_tokens=None, batch_size=8):
-        data = self.data.split(split)
+        """Loss, perplexity per token, bits per byte; for next-token prediction also the perplexity
+        per whitespace-separated word of the text the predicted tokens spell."""
+        data, tokenizer = self.data.split(split), self.data.tokenizer
         if self.task == "mlm":
-            return evaluate_mlm(model, data, length, self.data.vocab_size, batch_size, max_tokens, self.seed)
-        return evaluate_lm(model, data, length, batch_size, max_tokens)
+            options = {"batch_size": batch_size, "max_tokens": max_tokens, "seed": self.seed, "byte_lengths": tokenizer.byte_lengths}
+            return evaluate_mlm(model, data, length, tokenizer.mask_id, tokenizer.vocab_size, **options)
+        metrics = evaluate_lm(model, data, length, batch_size, max_tokens, tokenizer.byte_lengths)
+        words = len(tokenizer.decode(data[1 : 1 + metrics["tokens"]].tolist()).split())  # the targets, in order
+        metrics["word_ppl"] = math.exp(min(metrics["loss"] * metrics["tokens"] / max(words, 1), 50.0))
+        return {**metrics, "words": words}
 
 
 class Recall(Objective):
@@ -105,23 +120,48 @@ class Classification(Objective):
         return tokens, labels, None if bool(mask.all()) else mask
 
     def evaluate(self, model, split, *, length, max_tokens=None, batch_size=32):
-        """Loss and accuracy over the split, with the majority-class accuracy beside them (the floor).
+        """Loss and accuracy over the split, with the majority-class accuracy beside them (the floor)."""
+        metrics = evaluate_classification(model, self.sample(split, max_tokens), batch_size, self.multiple)
+        return {**metrics, "majority_accuracy": self.data.majority_accuracy(split)}
 
-        ``max_tokens`` (periodic validation): a fixed random sample of about that many tokens' worth
-        of examples, at least ``MIN_EXAMPLES``: long examples (Path-X) would otherwise leave a handful.
-        """
+    def sample(self, split: str, max_tokens: int | None):
+        """The split, or with ``max_tokens`` (periodic validation) a fixed random sample of about that
+        many tokens' worth of its examples, at least ``MIN_EXAMPLES``: long examples (Path-X) would
+        otherwise leave a handful."""
         examples = self.data.split(split)
         if max_tokens is not None and len(examples):
             mean_length = max(1, examples.tokens.numel() // len(examples))
             count = min(len(examples), max(self.MIN_EXAMPLES, max_tokens // mean_length))
             examples = examples.subset(torch.randperm(len(examples), generator=torch.Generator().manual_seed(self.seed))[:count])
-        metrics = evaluate_classification(model, examples, batch_size, self.multiple)
-        return {**metrics, "majority_accuracy": self.data.majority_accuracy(split)}
+        return examples
+
+
+class Glue(Classification):
+    """A GLUE task: cross-entropy over classes, or the squared error of one score (STS-B, whose
+    ``num_classes`` is 1); evaluated with the task's GLUE metric (``metrics.GLUE_METRICS``)."""
+
+    kind = "GLUE"
+
+    @property
+    def regression(self) -> bool:
+        return self.data.num_classes == 1
+
+    def loss(self, logits, targets):
+        if self.regression:
+            return F.mse_loss(logits[:, 0].float(), targets.float())
+        return super().loss(logits, targets)
+
+    def evaluate(self, model, split, *, length, max_tokens=None, batch_size=32):
+        outputs, labels = predict(model, self.sample(split, max_tokens), batch_size, self.multiple)
+        predictions = outputs[:, 0] if self.regression else outputs.argmax(-1)
+        loss = float(self.loss(outputs, labels)) if len(labels) else math.nan
+        floor = {} if self.regression else {"majority_accuracy": self.data.majority_accuracy(split)}
+        return {"loss": loss, **glue_metrics(self.data.glue_task, predictions, labels), "examples": len(labels), **floor}
 
 
 def objective_class(source: str) -> type[Objective]:
     """The objective of a ``--data`` source, from its name (``tokenmix.data.sources.source_kind``)."""
-    return {"corpus": LanguageModeling, "recall": Recall, "classification": Classification}[source_kind(source)]
+    return {"corpus": LanguageModeling, "recall": Recall, "classification": Classification, "glue": Glue}[source_kind(source)]
 
 
 def check_task(source: str, task: str) -> None:

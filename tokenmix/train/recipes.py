@@ -38,7 +38,9 @@ def apply_recipe(name: str | None, given: dict) -> dict:
     settings = recipe(name).settings
     if DIRECTORY in settings.get("data", "").split(":") and "data" not in given:
         form = settings["data"].replace(DIRECTORY, "/path/to/the/release")
-        raise ValueError(f"recipe {name!r} reads files you download: give --data {form} (docs/lra.md, 'Data', has the layouts)")
+        raise ValueError(
+            f"recipe {name!r} reads files you download: give --data {form} (docs/lra.md and docs/language.md, 'Data', have the layouts)"
+        )
     options = {**settings.get("options", {}), **given.get("options", {})}
     merged = {**settings, **given, "recipe": name}
     if options:
@@ -206,8 +208,99 @@ def _shapes_recipes() -> None:
         )
 
 
+# --- Language modelling (docs/language.md). DIR: the WikiText release folder, or the enwik8 file. ---
+# TNN (Qin et al. arXiv 2305.04749) Tables 12-13 (Appendix D): 6 x 512, GTU 1536 (expand 3), GLU 512, RPE 6 x 64
+# ReLU, decay 0.99, Adam (0.9, 0.98), inverse-sqrt after 4k warmup, weight decay 0.2, 512 tokens, 128 sequences,
+# 50k updates. Its peak rate is 5e-4 in Table 12 (§4.1 writes 0.005; SKI to go Faster calls 5e-4 the default).
+# Its BPE is RoBERTa's 50,265 entries: give --tokenizer PATH/tokenizer.json to use that file; bpe:50265 learns one
+# of that size from the training split instead. Dropout is not stated (ours: 0.1, fairseq's LM default).
+TNN_LM = dict(
+    model="tnn", task="lm", data="wikitext:DIR", tokenizer="bpe:50265", dim=512, depth=6, seq_len=512, batch_size=128,
+    steps=50000, lr=5e-4, schedule="inverse_sqrt", warmup=4000, weight_decay=0.2, beta1=0.9, beta2=0.98, dropout=0.1,
+    eval_every=2000, save_every="30m",
+)  # fmt: skip
+TNN_LM_OPTIONS = {"expand": 3, "glu_expand": 1.0, "rpe_layers": 6, "rpe_dim": 64, "activation": "relu", "decay": 0.99}
+TNN_LM_SOURCE = "TNN (Qin et al., arXiv 2305.04749) Tables 12 and 13, Appendix D"
+# Transformer-XL's WikiText-103 base script (kimiyoung/transformer-xl, pytorch/run_wt103_base.sh: 16 layers,
+# d 410, 10 heads, d_inner 2100, dropout 0.1, Adam lr 2.5e-4 cosine, no warmup, target = memory = 150 tokens,
+# batch 60, 200k steps). FNetAR (Lou et al., arXiv 2107.10932, §III.1) reports its medium model against this one,
+# half of the attention layers replaced by causal Fourier mixing; the paper's text gives no other value.
+XL_BASE = dict(
+    task="lm", data="wikitext:DIR", tokenizer="bpe:50265", dim=410, depth=16, seq_len=150, batch_size=60, steps=200000,
+    lr=2.5e-4, schedule="cosine", min_lr_ratio=0.0, warmup=0, dropout=0.1, eval_every=4000, save_every="30m",
+)  # fmt: skip
+XL_OPTIONS = {"heads": 10, "ffn_expand": 2100 / 410, "memory_length": 150, "window": 150}
+XL_SOURCE = "Transformer-XL WikiText-103 base script (kimiyoung/transformer-xl); FNetAR (Lou et al., arXiv 2107.10932) §III.1"
+# The CPU-scale runs of docs/language.md: the README demo's settings with a BPE; the XL models with the step
+# counts their byte-level runs reached in six minutes (docs/results.md), so each pair trains equally long.
+SHAKESPEARE_BPE_MODELS = {
+    "tnn": {},
+    "fd_tnn": {},
+    "ski_tnn": {},
+    "tcnca": {},
+    "mega": {},
+    "transformer": {},
+    "transformer_xl": {"steps": 134},
+    "fnet_ar_xl": {"steps": 240},
+}
+
+
+def _language_recipes() -> None:
+    _add("wikitext103-tnn", "TNN causal LM on WikiText-103", TNN_LM_SOURCE, **TNN_LM, options=TNN_LM_OPTIONS)
+    _add(
+        "wikitext103-tnn-mlm",
+        "TNN bidirectional (RoBERTa-style) masked LM on WikiText-103: 12 x 768, GTU 2304, 512 sequences, 3k warmup",
+        f"{TNN_LM_SOURCE} (the Roberta column; polynomial decay of power 1 is linear; Adam eps 1e-6 is not exposed)",
+        **{**TNN_LM, "task": "mlm", "dim": 768, "depth": 12, "batch_size": 512, "warmup": 3000, "schedule": "linear"},
+        min_lr_ratio=0.0,
+        options=TNN_LM_OPTIONS,
+    )
+    _add(
+        "wikitext103-fd_tnn",
+        "FD-TNN causal LM on WikiText-103: TNN's settings with 7 layers, a 3-layer RPE and lr 1e-3",
+        "SKI to go Faster (Moreno et al., arXiv 2305.09028) Appendix F.1.1 and Fig. 7, on TNN's Tables 12 and 13",
+        **{**TNN_LM, "model": "fd_tnn", "depth": 7, "lr": 1e-3},
+        options={key: value for key, value in {**TNN_LM_OPTIONS, "rpe_layers": 3}.items() if key != "decay"},  # FD has no decay bias
+    )
+    _add(
+        "wikitext103-transformer_xl",
+        "Transformer-XL base on WikiText-103",
+        XL_SOURCE,
+        model="transformer_xl",
+        **XL_BASE,
+        options=XL_OPTIONS,
+    )
+    _add(
+        "wikitext103-fnet_ar_xl",
+        "FNetAR-XL on WikiText-103: Transformer-XL base with half its layers causal Fourier mixing",
+        XL_SOURCE,
+        model="fnet_ar_xl",
+        **XL_BASE,
+        options={**XL_OPTIONS, "fourier_layers": 8},
+    )
+    _add(
+        "enwik8-tcnca",
+        "TCNCA on enwik8 (bytes:FILE): lr 0.005, weight decay 0.2, attention chunks of 2048, 4096-byte windows",
+        "TCNCA (Terzic et al., arXiv 2312.05605) Appendices D and F; sizes and schedule are MEGA's, not in the paper: ours",
+        model="tcnca", task="lm", data="bytes:DIR", lr=5e-3, weight_decay=0.2, seq_len=4096, batch_size=8, dim=512, depth=12,
+        steps=250000, warmup=2500, schedule="linear", min_lr_ratio=0.0, dropout=0.1, eval_every=5000, save_every="30m",
+        options={"chunk_size": 2048},
+    )  # fmt: skip
+    for model, overrides in SHAKESPEARE_BPE_MODELS.items():
+        _add(
+            f"shakespeare-bpe-{model}",
+            f"{model} LM on Shakespeare with a 4096-entry BPE: the README demo's settings"
+            + (f", {overrides['steps']} steps" if overrides else ""),
+            "this library (docs/language.md)",
+            model=model,
+            tokenizer="bpe:4096",
+            **overrides,
+        )
+
+
 _tnn_recipes()
 _mega_recipes()
 _transformer_recipes()
 _listops_cpu_recipes()
 _shapes_recipes()
+_language_recipes()

@@ -1,6 +1,6 @@
 """Run directories: one run per directory, resumed truthfully, never silently replaced.
 
-A run directory holds ``checkpoint.pt``, ``metrics.jsonl`` and ``model/``. Starting a run where
+A run directory holds ``checkpoint.pt``, ``metrics.jsonl``, ``model/`` and, for text, ``tokenizer.json``. Starting a run where
 one exists is refused unless asked to ``overwrite`` it (which removes those files first) or to
 resume it. A resume keeps every setting of the run except the ones that only say how long to
 train or how to watch it (``RESUMABLE``); changing any other is refused with both values named.
@@ -12,12 +12,13 @@ import json
 import shutil
 from pathlib import Path
 
+from ..data.tokenizer import TOKENIZER_FILE
 from ..files import remove_stale_temporaries, write_text_atomic
 from .checkpoint import CHECKPOINT_FILE
 
 METRICS_FILE = "metrics.jsonl"
 MODEL_DIRECTORY = "model"
-RUN_FILES = (CHECKPOINT_FILE, METRICS_FILE, MODEL_DIRECTORY)
+RUN_FILES = (CHECKPOINT_FILE, METRICS_FILE, MODEL_DIRECTORY, TOKENIZER_FILE)
 # Settings a resume may change: how long to train, how to watch and save the run, and where it lives.
 RESUMABLE = ("steps", "minutes", "eval_every", "eval_tokens", "save_every", "threads", "device", "check_finite", "out")
 

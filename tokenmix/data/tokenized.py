@@ -1,0 +1,121 @@
+"""Text corpora as token ids, and the disk cache that makes the second run's tokenizing free.
+
+``resolve_tokenizer(spec, corpus)`` turns ``--tokenizer`` into a ``Tokenizer`` (a BPE is learnt from
+the training split only); ``tokenize_corpus(corpus, tokenizer)`` gives a ``TokenCorpus``. Both a
+learnt BPE and the ids of each split are cached under ``$TOKENMIX_CACHE`` (default
+``~/.cache/tokenmix``), keyed by a hash of their inputs (the text, and the tokenizer's JSON or the
+vocabulary size), so changing either never reads a stale entry. Writes are atomic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import tokenizers
+import torch
+
+from ..files import atomic_write, write_text_atomic
+from .corpus import SPLITS, ByteCorpus
+from .tokenizer import Tokenizer, byte_tokenizer, parse_tokenizer_spec, train_bpe
+
+CACHE_VARIABLE = "TOKENMIX_CACHE"
+CACHE_FORMAT = "1"  # bumped when what a cache entry holds changes
+
+
+def cache_directory() -> Path:
+    return Path(os.environ.get(CACHE_VARIABLE) or Path.home() / ".cache" / "tokenmix").expanduser()
+
+
+def _key(*parts: bytes | str) -> str:
+    digest = hashlib.sha256()
+    for part in (CACHE_FORMAT, tokenizers.__version__, *parts):
+        data = part.encode() if isinstance(part, str) else part
+        digest.update(len(data).to_bytes(8, "little") + data)
+    return digest.hexdigest()[:32]
+
+
+def _say(message: str, progress: bool) -> None:
+    if progress:
+        print(message, file=sys.stderr, flush=True)
+
+
+@dataclass
+class TokenCorpus:
+    """The three splits of a text corpus as token ids of ``tokenizer``; ``notes`` say how long
+    tokenizing took and whether the cache served it."""
+
+    source: str
+    tokenizer: Tokenizer
+    train: torch.Tensor
+    val: torch.Tensor
+    test: torch.Tensor
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    def split(self, name: str) -> torch.Tensor:
+        if name not in SPLITS:
+            raise ValueError(f"split must be one of {list(SPLITS)}, got {name!r}")
+        return getattr(self, name)
+
+
+def split_bytes(corpus: ByteCorpus, name: str) -> bytes:
+    return corpus.split(name).numpy().tobytes()
+
+
+def resolve_tokenizer(spec: str | Tokenizer, training_text: bytes | None = None, progress: bool = False) -> Tokenizer:
+    """``--tokenizer`` as a Tokenizer: bytes, a saved file, or a BPE learnt from ``training_text`` (cached)."""
+    if isinstance(spec, Tokenizer):
+        return spec
+    kind, value = parse_tokenizer_spec(spec)
+    if kind == "bytes":
+        return byte_tokenizer()
+    if kind == "file":
+        return Tokenizer.load(value)
+    if training_text is None:
+        raise ValueError(f"tokenizer {spec!r} is learnt from a text corpus's training split; this data has none")
+    path = cache_directory() / "bpe" / f"{_key(training_text, str(value))}.json"
+    if path.is_file():
+        _say(f"tokenizer {spec}: read from the cache {path}", progress)
+        return Tokenizer.from_json(path.read_text(), spec)
+    started = time.perf_counter()
+    tokenizer = train_bpe(training_text, value, progress=progress)
+    write_text_atomic(path, tokenizer.to_json())
+    _say(f"tokenizer {spec}: learnt from {len(training_text):,} bytes in {time.perf_counter() - started:.1f} s, cached at {path}", progress)
+    return tokenizer
+
+
+def cached_encode(tokenizer: Tokenizer, data: bytes, progress: bool = False) -> tuple[torch.Tensor, str]:
+    """``tokenizer.encode(data)`` through the cache, and a note of what it cost."""
+    if tokenizer.is_bytes:
+        return tokenizer.encode(data), "bytes are their own ids"
+    started = time.perf_counter()
+    path = cache_directory() / "tokens" / f"{_key(tokenizer.to_json(), data)}.npy"
+    if path.is_file():
+        ids = torch.from_numpy(np.load(path))
+        return ids, f"{len(ids):,} tokens read from the cache in {time.perf_counter() - started:.2f} s"
+    ids = tokenizer.encode(data, progress=progress)
+    seconds = time.perf_counter() - started
+    atomic_write(path, lambda temporary: np.save(temporary.open("wb"), ids.numpy()))
+    return ids, f"{len(data):,} bytes -> {len(ids):,} tokens in {seconds:.2f} s ({len(data) / max(len(ids), 1):.2f} bytes/token), cached"
+
+
+def tokenize_corpus(corpus: ByteCorpus, tokenizer: Tokenizer, progress: bool = False) -> TokenCorpus:
+    """The corpus as ids of ``tokenizer``, split by split (each through the cache)."""
+    splits, notes = {}, []
+    for name in SPLITS:
+        splits[name], note = cached_encode(tokenizer, split_bytes(corpus, name), progress)
+        if len(splits[name]) < 2:
+            raise ValueError(f"data {corpus.source!r}: the {name} split holds {len(splits[name])} tokens; at least 2 are needed")
+        notes.append(f"{name}: {note}")
+    if not tokenizer.is_bytes:
+        _say(f"tokenized {corpus.source} with {tokenizer.name}: " + "; ".join(notes), progress)
+    return TokenCorpus(corpus.source, tokenizer, notes=notes, **splits)
