@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -168,7 +169,8 @@ def test_mlm_pretraining_then_finetuning_on_glue(corpus, glue, tmp_path, capsys)
     finetune = ["finetune", str(pretrained), "--data", f"glue-sst2:{glue}", "--steps", "60", "--lr", "3e-3", "--eval-every", "30"]
     assert main([*finetune, "--batch-size", "16", "--out", str(out)]) == 0
     state = load_checkpoint(out)
-    assert state["train_config"]["init"] == str(pretrained) and state["train_config"]["tokenizer"] == str(pretrained / "tokenizer.json")
+    assert state["train_config"]["init"] == str(pretrained) and state["train_config"]["tokenizer"].startswith("bpe:")
+    assert state["tokenizer"] == load_checkpoint(pretrained)["tokenizer"]  # the pretrained model's ids
     assert state["model_config"]["task"] == "classify" and state["model_config"]["num_classes"] == 2
     capsys.readouterr()
     assert main(["eval", str(out), "--json", str(tmp_path / "glue.json")]) == 0
@@ -192,6 +194,21 @@ def test_finetuning_starts_from_the_pretrained_weights(corpus, glue, tmp_path):
         assert torch.allclose(after[name], value, atol=1e-9), name
 
 
+def test_finetuning_a_copied_checkpoint_reads_its_tokenizer_from_it_and_writes_runs_finetune(corpus, glue, tmp_path, monkeypatch):
+    pretrained = tmp_path / "mlm"
+    assert (
+        main(["train", "--data", corpus, "--tokenizer", "bpe:300", "--task", "mlm", *SIZES, "--steps", "1", "--out", str(pretrained)]) == 0
+    )
+    (tmp_path / "copy").mkdir()
+    shutil.copy(pretrained / "checkpoint.pt", tmp_path / "copy" / "checkpoint.pt")  # no tokenizer.json beside it
+    monkeypatch.chdir(tmp_path)
+    assert main(["finetune", "copy/checkpoint.pt", "--data", f"glue-sst2:{glue}", "--steps", "1"]) == 0
+    state = load_checkpoint(tmp_path / "runs" / "finetune")
+    assert state["tokenizer"] == load_checkpoint(pretrained)["tokenizer"] and state["model_config"]["vocab_size"] == 300
+    assert main(["finetune", "copy", "--resume", "--steps", "2"]) == 0  # resumes runs/finetune, its default --out
+    assert load_checkpoint(tmp_path / "runs" / "finetune")["step"] == 2
+
+
 def test_finetune_refuses_what_it_cannot_start_from(corpus, glue, tmp_path, capsys):
     causal = tmp_path / "lm"
     assert main(["train", "--data", corpus, *SIZES, "--steps", "1", "--out", str(causal)]) == 0
@@ -205,3 +222,7 @@ def test_finetune_refuses_what_it_cannot_start_from(corpus, glue, tmp_path, caps
         assert message in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["finetune", str(causal), "--model", "mega"])  # the model comes from the pretrained run: no such flag
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["finetune", str(causal), "--resume", "--out", str(causal)])
+    assert "is not a fine-tuning run; continue it with `tokenmix train --resume`" in capsys.readouterr().err

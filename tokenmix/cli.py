@@ -29,7 +29,7 @@ from .runtime import retain_freed_memory
 from .table import format_table
 from .train.checkpoint import load_checkpoint, model_from_checkpoint
 from .train.evaluate import SCORES, describe
-from .train.finetune import FROM_PRETRAINED, finetune_settings
+from .train.finetune import FROM_PRETRAINED, finetune_settings, read_pretrained
 from .train.generate import StopRule, generate, naive_generate
 from .train.loop import TrainConfig, Trainer, TrainingDiverged, TrainingInterrupted
 from .train.objectives import objective_class, objective_for
@@ -131,6 +131,7 @@ FINETUNE_DEFAULTS = {
     "batch_size": 32,
     "eval_every": 100,
     "dropout": 0.1,
+    "out": "runs/finetune",
 }
 
 
@@ -139,7 +140,7 @@ def _add_finetune(subparsers) -> None:
         "finetune", help="fine-tune a pretrained masked-LM run on a classification task (GLUE: --data glue-sst2:DIR)"
     )
     parser.add_argument("pretrained", help="a run directory (or checkpoint.pt, or save_pretrained directory) trained with --task mlm")
-    _add_run_flags(parser, replace(TrainConfig(), **FINETUNE_DEFAULTS, out="runs/finetune"), skipped=(*FROM_PRETRAINED, "recipe"))
+    _add_run_flags(parser, replace(TrainConfig(), **FINETUNE_DEFAULTS), skipped=(*FROM_PRETRAINED, "recipe"))
     parser.set_defaults(handler=run_finetune, sample_tokens=0)
 
 
@@ -179,10 +180,14 @@ def run_train(args) -> int:
 def run_finetune(args) -> int:
     with user_input():
         if args.resume:
+            args.out = args.out or FINETUNE_DEFAULTS["out"]
             config = train_config_from_args(args)
+            if config.init is None:
+                raise ValueError(f"--resume: the run in {args.out!r} is not a fine-tuning run; continue it with `tokenmix train --resume`")
         else:
             # a --minutes budget sets steps to None over the default step count
-            config = TrainConfig(**finetune_settings(args.pretrained, {**FINETUNE_DEFAULTS, **_given_settings(args)}))
+            pretrained = read_pretrained(args.pretrained)
+            config = TrainConfig(**finetune_settings(pretrained, args.pretrained, {**FINETUNE_DEFAULTS, **_given_settings(args)}))
         trainer = Trainer(config, resume=args.resume, overwrite=args.overwrite)
     return _run(trainer, "finetune", sample_tokens=0)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ..validation import check_number
 from .examples import ClassificationData, Examples
 from .glue import GLUE_TASKS, GlueSplit, load_glue
 from .release_files import seeded_parts
@@ -42,13 +43,11 @@ def training_text(spec: SourceSpec) -> bytes:
 
 def _sequences(split: GlueSplit, tokenizer: Tokenizer, max_length: int) -> list[list[int]]:
     separator = tokenizer.end_of_document_id if tokenizer.end_of_document_id is not None else NEWLINE
+    firsts = tokenizer.encode_texts(split.first)
     if split.second is None:
-        return [tokenizer.encode(text).tolist()[:max_length] for text in split.first]
+        return [ids[:max_length] for ids in firsts]
     half = (max_length - 1) // 2
-    return [
-        tokenizer.encode(first).tolist()[:half] + [separator] + tokenizer.encode(second).tolist()[:half]
-        for first, second in zip(split.first, split.second, strict=True)
-    ]
+    return [first[:half] + [separator] + second[:half] for first, second in zip(firsts, tokenizer.encode_texts(split.second), strict=True)]
 
 
 def _examples(split: GlueSplit, tokenizer: Tokenizer, max_length: int) -> Examples:
@@ -62,6 +61,7 @@ def load_glue_task(
     task = glue_task(spec.name)
     if max_length < 3:
         raise ValueError(f"data {spec.name!r}: max_length must be at least 3 tokens, got {max_length}")
+    check_number(val_fraction, f"data {spec.name!r}: val_fraction", 0, 1, open_minimum=True, open_maximum=True)
     if dev not in DEV_FILES:
         raise ValueError(f"data {spec.name!r}: dev must be one of {list(DEV_FILES)}, got {dev!r}")
     if dev != "matched" and task != "mnli":

@@ -4,7 +4,8 @@
 the training split only); ``tokenize_corpus(corpus, tokenizer)`` gives a ``TokenCorpus``. Both a
 learnt BPE and the ids of each split are cached under ``$TOKENMIX_CACHE`` (default
 ``~/.cache/tokenmix``), keyed by a hash of their inputs (the text, and the tokenizer's JSON or the
-vocabulary size), so changing either never reads a stale entry. Writes are atomic.
+vocabulary size), so changing either never reads a stale entry. Writes are atomic (a temporary
+file of the writing process, then a rename).
 """
 
 from __future__ import annotations
@@ -20,12 +21,11 @@ import numpy as np
 import tokenizers
 import torch
 
-from ..files import atomic_write, write_text_atomic
 from .corpus import SPLITS, ByteCorpus
 from .tokenizer import Tokenizer, byte_tokenizer, parse_tokenizer_spec, train_bpe
 
 CACHE_VARIABLE = "TOKENMIX_CACHE"
-CACHE_FORMAT = "1"  # bumped when what a cache entry holds changes
+CACHE_FORMAT = "2"  # bumped when what a cache entry holds changes
 
 
 def cache_directory() -> Path:
@@ -38,6 +38,16 @@ def _key(*parts: bytes | str) -> str:
         data = part.encode() if isinstance(part, str) else part
         digest.update(len(data).to_bytes(8, "little") + data)
     return digest.hexdigest()[:32]
+
+
+def _store(path: Path, write) -> None:
+    """``write(file)`` to a temporary file of this process, renamed to ``path``: processes of one
+    run (DDP ranks) may fill the same entry at once, and every one of them writes the same bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    with open(temporary, "wb") as file:
+        write(file)
+    os.replace(temporary, path)
 
 
 def _say(message: str, progress: bool) -> None:
@@ -84,11 +94,15 @@ def resolve_tokenizer(spec: str | Tokenizer, training_text: bytes | None = None,
         raise ValueError(f"tokenizer {spec!r} is learnt from a text corpus's training split; this data has none")
     path = cache_directory() / "bpe" / f"{_key(training_text, str(value))}.json"
     if path.is_file():
-        _say(f"tokenizer {spec}: read from the cache {path}", progress)
-        return Tokenizer.from_json(path.read_text(), spec)
+        try:
+            tokenizer = Tokenizer.from_json(path.read_text(), spec)
+            _say(f"tokenizer {spec}: read from the cache {path}", progress)
+            return tokenizer
+        except Exception:  # a damaged entry (the library raises bare Exceptions) is learnt again
+            path.unlink(missing_ok=True)
     started = time.perf_counter()
     tokenizer = train_bpe(training_text, value, progress=progress)
-    write_text_atomic(path, tokenizer.to_json())
+    _store(path, lambda file: file.write(tokenizer.to_json().encode()))
     _say(f"tokenizer {spec}: learnt from {len(training_text):,} bytes in {time.perf_counter() - started:.1f} s, cached at {path}", progress)
     return tokenizer
 
@@ -100,11 +114,14 @@ def cached_encode(tokenizer: Tokenizer, data: bytes, progress: bool = False) -> 
     started = time.perf_counter()
     path = cache_directory() / "tokens" / f"{_key(tokenizer.to_json(), data)}.npy"
     if path.is_file():
-        ids = torch.from_numpy(np.load(path))
-        return ids, f"{len(ids):,} tokens read from the cache in {time.perf_counter() - started:.2f} s"
+        try:
+            ids = torch.from_numpy(np.load(path))
+            return ids, f"{len(ids):,} tokens read from the cache in {time.perf_counter() - started:.2f} s"
+        except (OSError, ValueError):  # a damaged entry is tokenized again
+            path.unlink(missing_ok=True)
     ids = tokenizer.encode(data, progress=progress)
     seconds = time.perf_counter() - started
-    atomic_write(path, lambda temporary: np.save(temporary.open("wb"), ids.numpy()))
+    _store(path, lambda file: np.save(file, ids.numpy()))
     return ids, f"{len(data):,} bytes -> {len(ids):,} tokens in {seconds:.2f} s ({len(data) / max(len(ids), 1):.2f} bytes/token), cached"
 
 

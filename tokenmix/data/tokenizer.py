@@ -22,6 +22,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, pre_tokenizers, trainers
@@ -74,6 +75,7 @@ class Tokenizer:
 
     def __init__(self, backend: Backend, source: str):
         self.backend, self.source = backend, source
+        backend.encode_special_tokens = True  # "</s>" written in a text is text, never the special id
         vocab = backend.get_vocab(with_added_tokens=True)
         self.vocab_size = max(vocab.values()) + 1  # ids a file leaves unused still count
         if not _decodes_byte_level(backend):
@@ -131,22 +133,24 @@ class Tokenizer:
                 f"tokenizer {self.name!r} reads UTF-8 text; the data has invalid UTF-8 at byte {error.start}: use --tokenizer bytes"
             ) from None
         lines = text.splitlines(keepends=True)
-        ids: list[int] = []
+        parts = [np.zeros(0, dtype=np.int32)]
         bar = progress_bar(total=len(raw), unit="B", unit_scale=True, desc=f"tokenizing ({self.name})", disable=not progress)
         for start in range(0, len(lines), ENCODE_CHUNK):
             chunk = lines[start : start + ENCODE_CHUNK]
-            for encoding in self.backend.encode_batch(chunk, add_special_tokens=False):
-                ids.extend(encoding.ids)
+            parts += [np.asarray(ids, dtype=np.int32) for ids in self.encode_texts(chunk)]
             bar.update(sum(len(line.encode()) for line in chunk))
         bar.close()
-        return torch.tensor(ids, dtype=torch.int32)
+        return torch.from_numpy(np.concatenate(parts))
+
+    def encode_texts(self, texts: list[str]) -> list[list[int]]:
+        """The ids of each text (one call for all of them)."""
+        if self.is_bytes:
+            return [list(text.encode()) for text in texts]
+        return [encoding.ids for encoding in self.backend.encode_batch(texts, add_special_tokens=False)]
 
     def decode(self, ids) -> bytes:
         """The bytes the ids stand for (special tokens stand for none), exact for any sequence."""
         return b"".join(self.token_bytes[int(index)] for index in ids)
-
-    def count_bytes(self, ids: torch.Tensor) -> int:
-        return int(self.byte_lengths[ids.long()].sum())
 
     # files ----------------------------------------------------------------------------------
     def to_json(self) -> str:
@@ -203,7 +207,8 @@ def train_bpe(text: bytes, vocab_size: int, progress: bool = False) -> Tokenizer
 
 
 def parse_tokenizer_spec(spec: str) -> tuple[str, int | str | None]:
-    """``("bytes", None)``, ``("bpe", V)`` or ``("file", PATH)``; ValueError for anything else."""
+    """``("bytes", None)``, ``("bpe", V)`` or ``("file", PATH)`` (read, and checked, when loaded);
+    ValueError for a malformed spec."""
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"tokenizer must be bytes, bpe:VOCAB or a tokenizer.json path, got {spec!r}")
     if spec == BYTES:
@@ -213,6 +218,4 @@ def parse_tokenizer_spec(spec: str) -> tuple[str, int | str | None]:
         if not size.isdigit() or int(size) < MIN_BPE_VOCAB:
             raise ValueError(f"tokenizer bpe:VOCAB needs an integer VOCAB >= {MIN_BPE_VOCAB}, got {spec!r}")
         return "bpe", int(size)
-    if not Path(spec).expanduser().exists():
-        raise ValueError(f"tokenizer must be bytes, bpe:VOCAB or a tokenizer.json path; {spec!r} is none of them (no such file)")
     return "file", str(Path(spec).expanduser())

@@ -51,13 +51,15 @@ def restore_rng_state(state: dict) -> None:
 
 
 def checkpoint_tokenizer(state: dict):
-    """The tokenizer a checkpoint was trained with (its JSON is kept in it); bytes for text runs
-    written before tokenizers, None for data with ids of its own (ListOps, LRA, recall)."""
+    """The tokenizer a checkpoint was trained with (its JSON is kept in it); bytes for text corpora
+    of runs written before tokenizers, None for data with ids of its own (ListOps, LRA, recall)."""
+    from ..data.sources import source_kind
     from ..data.tokenizer import Tokenizer, byte_tokenizer
 
     if state.get("tokenizer") is not None:
-        return Tokenizer.from_json(state["tokenizer"], state["train_config"].get("tokenizer", "saved"))
-    return byte_tokenizer() if "tokenizer" not in state else None
+        return Tokenizer.from_json(state["tokenizer"], "the checkpoint")
+    written_before_tokenizers = "tokenizer" not in state
+    return byte_tokenizer() if written_before_tokenizers and source_kind(state["train_config"]["data"]) == "corpus" else None
 
 
 def model_from_checkpoint(path, device="cpu"):

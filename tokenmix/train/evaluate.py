@@ -92,18 +92,19 @@ def evaluate_mlm(
     data: torch.Tensor,
     length: int,
     mask_id: int,
-    vocab_size: int,
     batch_size: int = 8,
     max_tokens: int | None = None,
     seed: int = 0,
+    *,
+    vocab_size: int | None = None,
     byte_lengths: torch.Tensor | None = None,
 ) -> dict:
-    """Masked-LM loss on the selected tokens, with the masking fixed by ``seed`` (random replacements
-    drawn from ``[0, vocab_size)``)."""
+    """Masked-LM loss on the selected tokens, with the masking fixed by ``seed``; random replacements
+    are drawn from ``[0, vocab_size)`` (default: ``[0, mask_id)``, the byte models' mask past the bytes)."""
     generator = step_generator(seed, 0)
 
     def masked(inputs, next_tokens, mask):
-        return mask_tokens(inputs, mask_id, vocab_size, generator)
+        return mask_tokens(inputs, mask_id, mask_id if vocab_size is None else vocab_size, generator)
 
     return _evaluate(model, data, length, batch_size, max_tokens, masked, byte_lengths)
 

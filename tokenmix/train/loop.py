@@ -37,7 +37,7 @@ from ..validation import check_int, check_number, set_finite_checks
 from .checkpoint import CHECKPOINT_FILE, checkpoint_tokenizer, load_checkpoint, restore_rng_state, rng_state, save_checkpoint
 from .distributed import DistributedContext, init_distributed
 from .evaluate import describe
-from .finetune import load_initial_weights, pretrained_vocab_size
+from .finetune import load_initial_weights, read_pretrained
 from .objectives import check_task, objective_for
 from .optim import build_optimizer
 from .recipes import recipe
@@ -220,8 +220,18 @@ class Trainer:
         self.device = resolve_device(config.device)
         check_task(config.data, config.task)  # before the data is read or generated
         saved = self._load_checkpoint() if resume else None
-        # A resumed run reads its data with the tokenizer it was trained with (kept in the checkpoint).
-        tokenizer = (checkpoint_tokenizer(saved) if saved else None) or config.tokenizer
+        self.pretrained = read_pretrained(config.init) if config.init is not None and not resume else None
+        # A resumed run reads its data with the tokenizer it was trained with (kept in the checkpoint), a
+        # fine-tuning run with its pretrained model's.
+        if saved:
+            tokenizer = checkpoint_tokenizer(saved) or config.tokenizer
+        elif self.pretrained:
+            tokenizer = self.pretrained.tokenizer
+            self.config = config = replace(config, tokenizer=tokenizer.name)
+        else:
+            tokenizer = config.tokenizer
+        # the embedding rows a fine-tuned model keeps from its pretrained one (and a resumed one from itself)
+        self.initial_vocab = saved["model_config"]["vocab_size"] if saved else self.pretrained and self.pretrained.config.vocab_size
         # fails before any training on a bad path; a BPE is learnt (or read from the cache) here
         self.data: DataSource = load_data(config.data, config.seq_len, config.seed, tokenizer, progress=progress)
         self.objective = objective_for(self.data, config.task, config.seed)
@@ -230,8 +240,8 @@ class Trainer:
         model_config = ModelConfig.from_dict(checkpoint["model_config"]) if resume else config.model_config(self._model_fields())
         torch.manual_seed(config.seed)
         self.model = SequenceModel(model_config)
-        if config.init is not None and not resume:
-            load_initial_weights(self.model, config.init)
+        if self.pretrained is not None:
+            load_initial_weights(self.model, self.pretrained, config.init)
         if self.model.recurrent and not self.objective.streams:
             raise ValueError(f"data {config.data!r} needs a model that reads whole examples, not the segment-recurrent {config.model!r}")
         if not resume:
@@ -277,8 +287,8 @@ class Trainer:
     def _model_fields(self) -> dict:
         """What the data fixes of the model; a fine-tuned model keeps its pretrained embedding rows."""
         fields = self.objective.model_fields()
-        if self.config.init is not None:
-            fields["vocab_size"] = max(fields["vocab_size"], pretrained_vocab_size(self.config.init))
+        if self.initial_vocab:
+            fields["vocab_size"] = max(fields["vocab_size"], self.initial_vocab)
         return fields
 
     # schedule -----------------------------------------------------------------------------

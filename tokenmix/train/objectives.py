@@ -77,8 +77,8 @@ class LanguageModeling(Objective):
         per whitespace-separated word of the text the predicted tokens spell."""
         data, tokenizer = self.data.split(split), self.data.tokenizer
         if self.task == "mlm":
-            options = {"batch_size": batch_size, "max_tokens": max_tokens, "seed": self.seed, "byte_lengths": tokenizer.byte_lengths}
-            return evaluate_mlm(model, data, length, tokenizer.mask_id, tokenizer.vocab_size, **options)
+            options = {"vocab_size": tokenizer.vocab_size, "byte_lengths": tokenizer.byte_lengths}
+            return evaluate_mlm(model, data, length, tokenizer.mask_id, batch_size, max_tokens, self.seed, **options)
         metrics = evaluate_lm(model, data, length, batch_size, max_tokens, tokenizer.byte_lengths)
         words = len(tokenizer.decode(data[1 : 1 + metrics["tokens"]].tolist()).split())  # the targets, in order
         metrics["word_ppl"] = math.exp(min(metrics["loss"] * metrics["tokens"] / max(words, 1), 50.0))
