@@ -1,4 +1,4 @@
-"""``tokenmix`` command line: train, finetune, eval, generate, plot, recipes, bench, compare.
+"""``tokenmix`` command line: train, finetune, eval, generate, plot, recipes, export-hf, bench, compare.
 
 Each command reads and checks its input (arguments, data, checkpoints) inside ``user_input()``:
 a problem there is reported in one line (exit status 2). Errors after that are bugs and keep
@@ -21,6 +21,7 @@ import torch
 
 from .cli_args import check_output_path, integer, number, parse_lengths, parse_option
 from .data.sources import load_data
+from .data.tokenizer import Tokenizer
 from .errors import UsageError, user_input
 from .files import write_json_atomic
 from .mixers.registry import list_mixers
@@ -360,6 +361,11 @@ def _add_generate(subparsers) -> None:
         action="store_true",
         help="with --temperature 0: also decode by re-running the whole sequence per token, compare, time both",
     )
+    parser.add_argument(
+        "--transformers",
+        action="store_true",
+        help="CHECKPOINT is a folder written by `tokenmix export-hf`: generate with transformers' AutoModelForCausalLM (docs/hf.md)",
+    )
     _add_threads_and_device(parser)
     parser.set_defaults(handler=run_generate)
 
@@ -395,7 +401,32 @@ class TextStream:
         self.sample = cut
 
 
+def _speed(tokens: int, seconds: float) -> str:
+    return f"{tokens} tokens in {seconds:.2f} s ({tokens / max(seconds, 1e-9):.1f} tokens/s)"
+
+
+def run_transformers_generate(args) -> int:
+    """``generate --transformers``: the exported folder through transformers' Auto classes alone."""
+    with user_input():
+        _use_threads(args)
+        try:
+            from .hf.sampling import transformers_generate
+        except ImportError as error:
+            raise ValueError(str(error)) from None
+        if args.stop or args.stream or args.check:
+            raise ValueError("--transformers generates with transformers' generate(): without --stop, --stream or --check")
+        tokenizer = Tokenizer.load(args.checkpoint)  # exact bytes of the ids transformers chose
+        texts = args.prompt or [DEMO_PROMPT]
+    options = {"temperature": args.temperature, "top_k": args.top_k or None, "top_p": args.top_p, "seed": args.seed}
+    samples, seconds = transformers_generate(args.checkpoint, texts, args.max_new_tokens, **options)
+    print("\n---\n".join(printable(text.encode() + tokenizer.decode(new)) for text, new in zip(texts, samples, strict=True)))
+    print(f"transformers: {_speed(sum(map(len, samples)), seconds)}", file=sys.stderr)
+    return 0
+
+
 def run_generate(args) -> int:
+    if args.transformers:
+        return run_transformers_generate(args)
     with user_input():
         _use_threads(args)
         model, train_config, tokenizer = model_from_checkpoint(args.checkpoint, args.device)
@@ -439,6 +470,7 @@ def run_generate(args) -> int:
     cached_seconds = time.perf_counter() - started
     shown = [printable(text.encode() + rule.cut(tokenizer.decode(new.tolist()))) for text, new in zip(texts, samples, strict=True)]
     print("\n---\n".join(shown))
+    print(f"tokenmix: {_speed(sum(len(new) for new in samples), cached_seconds)}", file=sys.stderr)
     if args.check:
         return _check_against_recompute(model, prompts, samples, args.max_new_tokens, stop, tokenizer, cached_seconds)
     return 0
@@ -492,6 +524,30 @@ def run_plot(args) -> int:
     return 0
 
 
+def _add_export_hf(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "export-hf", help="write a run for Hugging Face transformers: config.json, model.safetensors, tokenizer (docs/hf.md)"
+    )
+    parser.add_argument("checkpoint", help="checkpoint.pt or its run directory")
+    parser.add_argument("out", help="the folder to write (refused if it holds files, unless --overwrite)")
+    parser.add_argument("--overwrite", action="store_true", help="write into a folder that holds files")
+    parser.set_defaults(handler=run_export_hf)
+
+
+def run_export_hf(args) -> int:
+    with user_input():
+        try:
+            from . import hf
+        except ImportError as error:
+            raise ValueError(str(error)) from None
+        model, train_config, tokenizer = model_from_checkpoint(args.checkpoint)
+        segment_length = train_config["seq_len"] if model.recurrent else None  # XL: the segments it was trained on
+        directory = hf.export(model, args.out, tokenizer, segment_length=segment_length, overwrite=args.overwrite)
+    files = sorted(path.name for path in directory.iterdir())
+    print(f"wrote {directory}: {', '.join(files)}")
+    return 0
+
+
 def _add_recipes(subparsers) -> None:
     parser = subparsers.add_parser("recipes", help="the presets of `tokenmix train --recipe NAME`, with their sources")
     parser.add_argument("name", nargs="?", help="one recipe: every value it sets, as train flags")
@@ -537,6 +593,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(subparsers)
     _add_plot(subparsers)
     _add_recipes(subparsers)
+    _add_export_hf(subparsers)
     from .bench.cli import add_bench, add_compare
 
     add_bench(subparsers)

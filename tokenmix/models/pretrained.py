@@ -1,4 +1,8 @@
-"""save_pretrained / from_pretrained: ``config.json`` + ``model.safetensors`` in a directory."""
+"""save_pretrained / from_pretrained: ``config.json`` + ``model.safetensors`` in a directory.
+
+``from_pretrained`` also reads a directory written for transformers (``tokenmix.hf.export``,
+``tokenmix export-hf``): its config holds the tokenmix config under ``tokenmix`` and its weights
+are prefixed ``tokenmix.``."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from .model import SequenceModel
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+HF_MODEL_TYPE = "tokenmix"  # transformers' model_type of tokenmix models, and the key of their tokenmix config
 
 
 def save_pretrained(model: SequenceModel, directory) -> None:
@@ -36,8 +41,11 @@ def from_pretrained(directory, device=None, dtype: torch.dtype | None = None) ->
         data = json.loads((directory / CONFIG_FILE).read_text())
     except json.JSONDecodeError as error:
         raise ValueError(f"{str(directory / CONFIG_FILE)!r} is not valid JSON: {error}") from None
-    model = SequenceModel(ModelConfig.from_dict(data))
+    transformers_layout = isinstance(data, dict) and data.get("model_type") == HF_MODEL_TYPE
+    model = SequenceModel(ModelConfig.from_dict(data[HF_MODEL_TYPE] if transformers_layout else data))
     weights = load_file(str(directory / WEIGHTS_FILE))
+    if transformers_layout:
+        weights = {key.removeprefix(HF_MODEL_TYPE + "."): value for key, value in weights.items()}
     saved = next((tensor.dtype for tensor in weights.values() if tensor.is_floating_point()), None)
     model.to(dtype=saved)  # the saved precision unless ``dtype`` says otherwise
     model.load_state_dict(weights)

@@ -1,0 +1,21 @@
+"""tokenmix works without its optional extras, and says how to get them."""
+
+import subprocess
+import sys
+
+WITHOUT_TRANSFORMERS = "import sys\nsys.modules['transformers'] = None  # as if it were not installed\n"
+
+
+def run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", WITHOUT_TRANSFORMERS + code], capture_output=True, text=True)
+
+
+def test_tokenmix_imports_trains_and_explains_the_hf_extra_without_transformers(tmp_path):
+    result = run(
+        "import tokenmix, tokenmix.cli\n"
+        "model = tokenmix.build_model('tnn', vocab_size=20, dim=8, depth=1)\n"
+        "try:\n    import tokenmix.hf\nexcept ImportError as error:\n    print('hf:', error)\n"
+        f"tokenmix.cli.main(['export-hf', {str(tmp_path / 'missing')!r}, {str(tmp_path / 'out')!r}])\n"
+    )
+    assert 'hf: tokenmix.hf needs Hugging Face transformers: pip install "tokenmix[hf]"' in result.stdout
+    assert result.returncode == 2 and 'error: tokenmix.hf needs Hugging Face transformers: pip install "tokenmix[hf]"' in result.stderr

@@ -1,0 +1,56 @@
+"""A tokenmix model (and its tokenizer) as a transformers directory: ``config.json``,
+``model.safetensors``, ``tokenizer.json`` and ``tokenizer_config.json``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerFast
+
+from ..data.tokenizer import Tokenizer
+from ..models.model import SequenceModel
+from .configuration import TokenmixConfig
+from .modeling import TokenmixForCausalLM, TokenmixForMaskedLM, TokenmixForSequenceClassification
+
+CLASSES = {"lm": TokenmixForCausalLM, "mlm": TokenmixForMaskedLM, "classify": TokenmixForSequenceClassification}
+
+
+def _special(tokenizer: Tokenizer) -> dict[str, str]:
+    """transformers' names of the tokenizer's special tokens (end of document, padding, mask)."""
+    ids = {"eos_token": tokenizer.end_of_document_id, "pad_token": tokenizer.pad_id, "mask_token": tokenizer.mask_id}
+    return {name: tokenizer.backend.id_to_token(index) for name, index in ids.items() if index is not None and index < tokenizer.vocab_size}
+
+
+def hf_tokenizer(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
+    """The tokenizer as a ``PreTrainedTokenizerFast`` (the same ids), padding on the left for generation."""
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend, padding_side="left", **_special(tokenizer))
+
+
+def export(
+    model: SequenceModel, directory, tokenizer: Tokenizer | None = None, *, segment_length: int | None = None, overwrite: bool = False
+) -> Path:
+    """Write ``model`` (and ``tokenizer``) to ``directory`` for ``from_pretrained`` of transformers'
+    Auto classes (after ``import tokenmix.hf``) and of ``tokenmix.from_pretrained``.
+
+    ``segment_length``: an XL model's training segment (``tokenmix export-hf`` passes the run's
+    ``--seq-len``). A directory that holds files is refused unless ``overwrite``.
+    """
+    directory = Path(directory)
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())) and not overwrite:
+        raise ValueError(f"export: {str(directory)!r} already exists and is not an empty folder; choose another or pass overwrite=True")
+    model_class = CLASSES[model.config.task]
+    special = {} if tokenizer is None else _special(tokenizer)
+    config = TokenmixConfig(
+        tokenmix=model.config.to_dict(),
+        segment_length=segment_length,
+        architectures=[model_class.__name__],
+        pad_token_id=tokenizer.pad_id if special.get("pad_token") else None,
+        eos_token_id=tokenizer.end_of_document_id if special.get("eos_token") else None,
+        **({"num_labels": model.config.num_classes} if model.config.task == "classify" else {}),
+    )
+    wrapped = model_class(config)
+    wrapped.tokenmix.load_state_dict(model.state_dict())
+    wrapped.save_pretrained(directory)
+    if tokenizer is not None:
+        hf_tokenizer(tokenizer).save_pretrained(directory)
+    return directory
