@@ -29,13 +29,27 @@ import tokenmix  # noqa: E402
 import tokenmix.hf  # noqa: E402
 from tokenmix.cli import main  # noqa: E402
 from tokenmix.data.tokenizer import byte_tokenizer, train_bpe  # noqa: E402
+from tokenmix.models.registry import resolve_model_options  # noqa: E402
 
 PROMPT_LENGTHS = (3, 11, 1)
 
 
+SEGMENT = 8  # XL models stream in segments of 8 tokens, so prompts and generations cross several
+
+
 def small(name: str, task: str = "lm", **extra):
+    """A small model; chunked attention (where the model has it) in chunks of 8 tokens, so that
+    padding that shifted positions would move chunk boundaries."""
     torch.manual_seed(0)
+    if "chunk_size" in resolve_model_options(name, {}, dim=16, depth=2):
+        extra.setdefault("chunk_size", 8)
     return tokenmix.build_model(name, task=task, vocab_size=20, dim=16, depth=2, **extra).eval()
+
+
+def exported(model, directory, dtype=torch.float32):
+    """``model`` written with ``tokenmix.hf.export`` and read back with ``AutoModelForCausalLM``."""
+    tokenmix.hf.export(model, directory, segment_length=SEGMENT if model.recurrent else None)
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).eval()
 
 
 def left_padded(prompts: list[torch.Tensor], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,40 +61,56 @@ def left_padded(prompts: list[torch.Tensor], pad: int = 0) -> tuple[torch.Tensor
     return ids, mask
 
 
+def streamed_logits(model, tokens: torch.Tensor, horizon: int) -> torch.Tensor:
+    """A single row's logits (length, vocab) through tokenmix's streaming state, as generation reads it."""
+    segment = SEGMENT if model.recurrent else None
+    state = model.init_state(1, max_length=horizon, segment_length=segment)
+    with torch.no_grad():
+        return model(tokens[None], state=state, return_state=True)[0][0]
+
+
 @pytest.mark.parametrize("name", LM_MODELS)
-def test_causal_lm_logits_equal_tokenmix_logits(name, tmp_path):
+def test_causal_lm_logits_equal_tokenmix_logits_and_left_padding_is_not_read(name, tmp_path):
     model = small(name)
-    tokenmix.hf.export(model, tmp_path)
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    loaded = exported(model, tmp_path)
     assert type(loaded).__name__ == "TokenmixForCausalLM"
-    tokens = torch.randint(0, 20, (2, 30))
+    tokens = torch.randint(0, 20, (2, 30), generator=torch.Generator().manual_seed(1))
     mask = torch.ones(2, 30, dtype=torch.long)
     mask[1, :7] = 0
     with torch.no_grad():
-        hf_logits = loaded(tokens, attention_mask=mask, use_cache=False).logits
-        assert relative_error(hf_logits, model(tokens, mask.bool())) <= 1e-6
-        cached = loaded(tokens, attention_mask=mask).logits  # through a TokenmixCache
-        assert relative_error(cached, hf_logits) <= 1e-5
+        assert relative_error(loaded(tokens, use_cache=False).logits, model(tokens)) <= 1e-6
+        # without a cache: each row group is one forward of its real tokens; with one: a stream over the input's horizon
+        alone = {False: lambda row: model(row[None])[0], True: lambda row: streamed_logits(model, row, 30)}
+        for use_cache, reference in alone.items():
+            logits = loaded(tokens, attention_mask=mask, use_cache=use_cache).logits
+            assert relative_error(logits[0], reference(tokens[0])) <= 1e-5
+            assert relative_error(logits[1, 7:], reference(tokens[1, 7:])) <= 1e-5  # the row read alone, without its padding
+            assert torch.equal(logits[1, :7], torch.zeros_like(logits[1, :7]))
 
 
 @pytest.mark.parametrize("name", LM_MODELS)
 def test_greedy_generate_of_left_padded_prompts_equals_tokenmix_generate(name, tmp_path):
     model = small(name).double()
-    tokenmix.hf.export(model, tmp_path)
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64).eval()
+    loaded = exported(model, tmp_path, torch.float64)
     prompts = [torch.randint(0, 20, (size,), generator=torch.Generator().manual_seed(size)) for size in PROMPT_LENGTHS]
     ids, mask = left_padded(prompts)
-    out = loaded.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=50, pad_token_id=0, return_dict_in_generate=True)
-    expected = tokenmix.generate(model, prompts, 50, temperature=0)
-    for row, new in enumerate(expected):
+    options = {"do_sample": False, "max_new_tokens": 50, "pad_token_id": 0, "return_dict_in_generate": True, "output_logits": True}
+    out = loaded.generate(ids, attention_mask=mask, **options)
+    expected = tokenmix.generate(model, prompts, 50, temperature=0, segment_length=SEGMENT if model.recurrent else None)
+    horizon = ids.shape[1] + 50
+    assert out.past_key_values.max_length == horizon  # the horizon tokenmix.generate plans for
+    assert len(out.past_key_values.layer_states) == len(model.blocks)  # one entry per block
+    assert out.past_key_values.get_seq_length() == horizon - 1  # every token but the last was read
+    for row, (prompt, new) in enumerate(zip(prompts, expected, strict=True)):
         assert torch.equal(out.sequences[row, ids.shape[1] :], new), row
-    assert out.past_key_values.max_length == ids.shape[1] + 50  # the horizon tokenmix.generate plans for
+        reference = streamed_logits(model, torch.cat([prompt, new]), horizon)[len(prompt) - 1 : -1]
+        steps = torch.stack([step[row] for step in out.logits])
+        assert relative_error(steps.double(), reference) <= 1e-6, row  # each step's logits (kept in float32), not only the argmax
 
 
 @pytest.mark.parametrize("name", ["tnn", "mega", "transformer_xl"])
 def test_beam_search_with_the_cache_equals_it_without(name, tmp_path):
-    tokenmix.hf.export(small(name).double(), tmp_path)
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64).eval()
+    loaded = exported(small(name).double(), tmp_path, torch.float64)
     ids, mask = left_padded([torch.tensor([3, 4, 5, 6]), torch.tensor([7, 8])])
     options = {"attention_mask": mask, "do_sample": False, "num_beams": 3, "num_return_sequences": 3, "max_new_tokens": 8}
     options.update(pad_token_id=0, return_dict_in_generate=True, output_scores=True)
@@ -127,6 +157,20 @@ def test_masked_lm_and_a_classifier_from_it(tmp_path):
     assert torch.isfinite(head).all() and 0 < float(head.detach().std()) < 0.1  # a new head, drawn as transformers draws heads
     result = classifier(tokens, attention_mask=torch.ones_like(tokens), labels=torch.tensor([0, 2]))
     assert result.logits.shape == (2, 3) and torch.isfinite(result.loss)
+    classifier.save_pretrained(tmp_path / "classifier")  # the new head is saved as part of the model it is now
+    with torch.no_grad():
+        assert torch.equal(tokenmix.from_pretrained(tmp_path / "classifier")(tokens), classifier(tokens).logits)
+        assert torch.equal(
+            AutoModelForSequenceClassification.from_pretrained(tmp_path / "classifier")(tokens).logits, classifier(tokens).logits
+        )
+
+
+def test_a_byte_masked_lm_exports_its_mask_token(tmp_path):
+    tokenmix.hf.export(tokenmix.build_model("tnn", task="mlm", vocab_size=257, dim=8, depth=1), tmp_path, byte_tokenizer())
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert loaded.mask_token == "<mask>" and loaded.mask_token_id == 256  # the id the byte masked LM was trained with
+    assert loaded("a<mask>")["input_ids"] == [97, 256]
+    assert tokenmix.Tokenizer.load(tmp_path).is_bytes and tokenmix.Tokenizer.load(tmp_path).mask_id == 256
 
 
 def test_a_bpe_tokenizer_reads_back_through_auto_tokenizer(tmp_path):

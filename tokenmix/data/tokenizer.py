@@ -96,7 +96,9 @@ class Tokenizer:
                 )
             self.token_bytes[index] = bytes(stand_in[char] for char in token)
         self.byte_lengths = torch.tensor([len(piece) for piece in self.token_bytes], dtype=torch.long)
-        self.is_bytes = self.token_bytes == [bytes([byte]) for byte in range(BYTE_VOCAB)]
+        # ids 0-255 are the bytes, and any others special tokens (an exported byte masked LM's <mask>)
+        self.is_bytes = self.token_bytes[:BYTE_VOCAB] == [bytes([byte]) for byte in range(BYTE_VOCAB)]
+        self.is_bytes &= all(not piece for piece in self.token_bytes[BYTE_VOCAB:])
         self.name = BYTES if self.is_bytes else f"{BPE_PREFIX}{self.vocab_size}"
         self.pad_id = specials.get(PAD)
         self.end_of_document_id = next((specials[name] for name in END_OF_DOCUMENT_NAMES if name in specials), None)

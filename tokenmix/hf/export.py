@@ -1,18 +1,30 @@
 """A tokenmix model (and its tokenizer) as a transformers directory: ``config.json``,
-``model.safetensors``, ``tokenizer.json`` and ``tokenizer_config.json``."""
+``model.safetensors`` (and ``generation_config.json`` for a causal LM), ``tokenizer.json`` and
+``tokenizer_config.json``."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from tokenizers import Tokenizer as Backend
 from transformers import PreTrainedTokenizerFast
 
-from ..data.tokenizer import Tokenizer
+from ..data.tokenizer import MASK, Tokenizer
 from ..models.model import SequenceModel
 from .configuration import TokenmixConfig
 from .modeling import TokenmixForCausalLM, TokenmixForMaskedLM, TokenmixForSequenceClassification
 
 CLASSES = {"lm": TokenmixForCausalLM, "mlm": TokenmixForMaskedLM, "classify": TokenmixForSequenceClassification}
+
+
+def with_mask_token(tokenizer: Tokenizer) -> Tokenizer:
+    """The tokenizer with its mask as a token: bytes keep the mask past the 256 byte ids (id 256),
+    which a tokenizer file can only name as an added special token."""
+    if tokenizer.mask_id is None or tokenizer.mask_id < tokenizer.vocab_size:
+        return tokenizer
+    backend = Backend.from_str(tokenizer.to_json())
+    backend.add_special_tokens([MASK])
+    return Tokenizer(backend, tokenizer.source)
 
 
 def _special(tokenizer: Tokenizer) -> dict[str, str]:
@@ -23,6 +35,7 @@ def _special(tokenizer: Tokenizer) -> dict[str, str]:
 
 def hf_tokenizer(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
     """The tokenizer as a ``PreTrainedTokenizerFast`` (the same ids), padding on the left for generation."""
+    tokenizer = with_mask_token(tokenizer)
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend, padding_side="left", **_special(tokenizer))
 
 

@@ -3,8 +3,8 @@
 Every class holds the tokenmix model as ``self.tokenmix`` (checkpoint keys ``tokenmix.*``), built
 from ``config.tokenmix`` with its head's task, so a causal LM's or masked LM's weights load into
 ``TokenmixModel`` and a masked LM's into ``TokenmixForSequenceClassification`` (a new head).
-transformers' ``attention_mask`` (1 = real token) is tokenmix's padding mask; left-padded batches
-generate as their unpadded rows would.
+transformers' ``attention_mask`` (1 = real token) is tokenmix's padding mask; a causal LM reads a
+left-padded batch without its padding, so every row generates what its prompt would alone.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from transformers import (
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPast, MaskedLMOutput, SequenceClassifierOutput
 
 from ..models.model import SequenceModel
-from .cache import TokenmixCache
+from .cache import TokenmixCache, read_unpadded
 from .configuration import TokenmixConfig
 
 
@@ -42,13 +42,14 @@ class TokenmixPreTrainedModel(PreTrainedModel):
     config_class = TokenmixConfig
     base_model_prefix = "tokenmix"
     main_input_name = "input_ids"
-    _no_split_modules: list[str] = []
+    _no_split_modules = None  # one device: the logits use the embedding, states start on the inputs' device
     _is_stateful = True  # a streaming state, not per-position keys and values: no assisted decoding
     head_task: str | None = None  # None: the config's own task
 
     def __init__(self, config: TokenmixConfig):
         super().__init__(config)
         self.tokenmix = SequenceModel(config.model_config(**self.head_changes(config)))
+        config.tokenmix = self.tokenmix.config.to_dict()  # the head it has, so save_pretrained writes this model
         self.post_init()
 
     def head_changes(self, config: TokenmixConfig) -> dict:
@@ -59,6 +60,9 @@ class TokenmixPreTrainedModel(PreTrainedModel):
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.tokenmix.embedding = value
+
+    def resize_token_embeddings(self, *args, **kwargs):
+        raise NotImplementedError("tokenmix models keep the vocabulary they were trained with; resizing is not supported")
 
     def _init_weights(self, module: nn.Module) -> None:
         """tokenmix initialises its own modules; only a classification head that a loaded checkpoint
@@ -88,23 +92,25 @@ class TokenmixForCausalLM(TokenmixPreTrainedModel, GenerationMixin):
 
     def forward(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         past_key_values: TokenmixCache | None = None,
         labels: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        inputs_embeds: torch.Tensor | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        mask = padding_mask(attention_mask, input_ids.shape[1])
+        """Logits of ``input_ids``; a left-padded batch (``attention_mask``) is read without its
+        padding, each row as it would be alone (``cache.read_unpadded``), logits 0 at padding."""
+        if inputs_embeds is not None or input_ids is None:
+            raise ValueError("tokenmix models read token ids: pass input_ids (inputs_embeds is not supported)")
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         if use_cache or past_key_values is not None:
             # a cache started here plans for this input (an FD-TNO's grid is that of its horizon: see docs/inference.md)
             cache = past_key_values if past_key_values is not None else TokenmixCache(max_length=input_ids.shape[1])
-            if cache.state is None:
-                cache.start(self.tokenmix, input_ids.shape[0], input_ids.device, self.config.segment_length)
-            logits, cache.state = self.tokenmix(input_ids, mask, state=cache.state, return_state=True)
+            logits = cache.read(self.tokenmix, input_ids, attention_mask, self.config.segment_length)
         else:
-            cache, logits = None, self.tokenmix(input_ids, mask)
+            cache, logits = None, read_unpadded(self.tokenmix, input_ids, attention_mask)
         loss = None if labels is None else self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
         return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
 
@@ -115,6 +121,10 @@ class TokenmixForCausalLM(TokenmixPreTrainedModel, GenerationMixin):
     def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
         """A TokenmixCache planned for the whole generation (prompt and new tokens): operators that
         depend on the length (FD-TNO's grid, an automatic TCN dilation) use that horizon."""
+        if generation_config.cache_implementation is not None:
+            raise ValueError(
+                f"cache_implementation={generation_config.cache_implementation!r}: tokenmix models decode with TokenmixCache only"
+            )
         if model_kwargs.get("past_key_values") is None and generation_config.use_cache is not False:
             model_kwargs["past_key_values"] = TokenmixCache(max_length=generation_config.max_length)
 
