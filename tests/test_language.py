@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 import torch
+from glue_fixture import BAD, GOOD, write_glue
 
 import tokenmix
 from tokenmix.cli import TextStream, main
@@ -17,7 +18,6 @@ from tokenmix.train.checkpoint import load_checkpoint, model_from_checkpoint
 from tokenmix.train.generate import StopRule, naive_generate
 
 SIZES = ["--dim", "16", "--depth", "1", "--seq-len", "32", "--batch-size", "4", "--warmup", "1", "--eval-tokens", "256", "-o", "rpe_dim=4"]
-GOOD, BAD = "good great fine lovely superb".split(), "bad awful poor dull boring".split()
 
 
 @pytest.fixture(autouse=True)
@@ -36,22 +36,7 @@ def corpus(tmp_path):
 @pytest.fixture
 def glue(tmp_path):
     """SST-2 and STS-B in the GLUE release layout: a sentiment word decides the label or the score."""
-    generator = torch.Generator().manual_seed(0)
-    root = tmp_path / "glue"
-    (root / "SST-2").mkdir(parents=True)
-    (root / "STS-B").mkdir()
-    for split, count in (("train", 400), ("dev", 80)):
-        labels = torch.randint(0, 2, (count,), generator=generator).tolist()
-        words = torch.randint(0, 5, (count,), generator=generator).tolist()
-        rows = [f"the play was {(GOOD if y else BAD)[w]} .\t{y}" for y, w in zip(labels, words, strict=True)]
-        (root / "SST-2" / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
-        header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
-        rows = [
-            f"{i}\tg\tf\t2012\t{i}\tn\tn\tthe play .\tit was {(GOOD if y else BAD)[w]} .\t{4.0 * y + 0.1 * w:.1f}"
-            for i, (y, w) in enumerate(zip(labels, words, strict=True))
-        ]
-        (root / "STS-B" / f"{split}.tsv").write_text(header + "\n" + "\n".join(rows) + "\n")
-    return root
+    return write_glue(tmp_path / "glue")
 
 
 def test_a_bpe_run_keeps_its_tokenizer_and_eval_reports_bits_per_byte(corpus, tmp_path, capsys):
