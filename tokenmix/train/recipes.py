@@ -286,6 +286,14 @@ def _language_recipes() -> None:
         steps=250000, warmup=2500, schedule="linear", min_lr_ratio=0.0, dropout=0.1, eval_every=5000, save_every="30m",
         options={"chunk_size": 2048},
     )  # fmt: skip
+    _add(
+        "shakespeare-bpe-tnn-600",
+        "tnn LM on Shakespeare with a 4096-entry BPE, the README demo's settings with 600 steps (the demo's 10-minute budget)",
+        "this library (docs/language.md)",
+        model="tnn",
+        tokenizer="bpe:4096",
+        steps=600,
+    )
     for model, overrides in SHAKESPEARE_BPE_MODELS.items():
         _add(
             f"shakespeare-bpe-{model}",
