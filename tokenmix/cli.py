@@ -180,6 +180,7 @@ def run_train(args) -> int:
 
 def run_finetune(args) -> int:
     with user_input():
+        pretrained = None
         if args.resume:
             args.out = args.out or FINETUNE_DEFAULTS["out"]
             config = train_config_from_args(args)
@@ -189,7 +190,7 @@ def run_finetune(args) -> int:
             # a --minutes budget sets steps to None over the default step count
             pretrained = read_pretrained(args.pretrained)
             config = TrainConfig(**finetune_settings(pretrained, args.pretrained, {**FINETUNE_DEFAULTS, **_given_settings(args)}))
-        trainer = Trainer(config, resume=args.resume, overwrite=args.overwrite)
+        trainer = Trainer(config, resume=args.resume, overwrite=args.overwrite, pretrained=pretrained)
     return _run(trainer, "finetune", sample_tokens=0)
 
 

@@ -17,6 +17,15 @@ import torch
 from transformers.cache_utils import Cache
 
 
+def padding_mask(attention_mask: torch.Tensor | None, length: int) -> torch.Tensor | None:
+    """tokenmix's mask of the last ``length`` positions (generate passes the mask of the whole
+    sequence so far); None when every token is real."""
+    if attention_mask is None:
+        return None
+    mask = attention_mask[:, -length:].bool()
+    return None if bool(mask.all()) else mask
+
+
 def left_padding(attention_mask: torch.Tensor | None) -> list[int] | None:
     """Real tokens per row of a left-padded ``attention_mask`` (zeros, then ones); None when no row
     is padded on the left (no mask, or padding on the right only, which a causal model never sees)."""
@@ -46,8 +55,7 @@ def read_unpadded(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
     its padding (logits at padded positions are 0)."""
     lengths = left_padding(attention_mask)
     if lengths is None:
-        mask = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
-        return model(input_ids, mask)
+        return model(input_ids, padding_mask(attention_mask, input_ids.shape[1]))
     logits = None
     for length, rows in groups_of(lengths).items():
         if length == 0:

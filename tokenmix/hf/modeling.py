@@ -23,17 +23,8 @@ from transformers import (
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPast, MaskedLMOutput, SequenceClassifierOutput
 
 from ..models.model import SequenceModel
-from .cache import TokenmixCache, read_unpadded
+from .cache import TokenmixCache, padding_mask, read_unpadded
 from .configuration import TokenmixConfig
-
-
-def padding_mask(attention_mask: torch.Tensor | None, length: int) -> torch.Tensor | None:
-    """tokenmix's mask of the last ``length`` positions (generate passes the mask of the whole
-    sequence so far); None when every token is real."""
-    if attention_mask is None:
-        return None
-    mask = attention_mask[:, -length:].bool()
-    return None if bool(mask.all()) else mask
 
 
 class TokenmixPreTrainedModel(PreTrainedModel):

@@ -37,7 +37,7 @@ from ..validation import check_int, check_number, set_finite_checks
 from .checkpoint import CHECKPOINT_FILE, checkpoint_tokenizer, load_checkpoint, restore_rng_state, rng_state, save_checkpoint
 from .distributed import DistributedContext, init_distributed
 from .evaluate import describe
-from .finetune import load_initial_weights, read_pretrained
+from .finetune import Pretrained, load_initial_weights, read_pretrained
 from .objectives import check_task, objective_for
 from .optim import build_optimizer
 from .recipes import recipe
@@ -206,10 +206,18 @@ class Trainer:
 
     ``resume=True`` continues the run in ``config.out`` from its checkpoint; ``config`` must then
     equal the checkpoint's settings except for ``runs.RESUMABLE`` ones. ``overwrite=True`` replaces
-    a run already in ``config.out``; without it, such a directory is refused.
+    a run already in ``config.out``; without it, such a directory is refused. ``pretrained``: the
+    model ``config.init`` names, when the caller has read it already.
     """
 
-    def __init__(self, config: TrainConfig, resume: bool = False, progress: bool = True, overwrite: bool = False):
+    def __init__(
+        self,
+        config: TrainConfig,
+        resume: bool = False,
+        progress: bool = True,
+        overwrite: bool = False,
+        pretrained: Pretrained | None = None,
+    ):
         self.config = config
         self.out = Path(config.out)
         self.progress = progress
@@ -220,7 +228,10 @@ class Trainer:
         self.device = resolve_device(config.device)
         check_task(config.data, config.task)  # before the data is read or generated
         saved = self._load_checkpoint() if resume else None
-        self.pretrained = read_pretrained(config.init) if config.init is not None and not resume else None
+        if config.init is not None and not resume:  # ``pretrained``: config.init already read (tokenmix finetune)
+            self.pretrained = pretrained or read_pretrained(config.init)
+        else:
+            self.pretrained = None
         # A resumed run reads its data with the tokenizer it was trained with (kept in the checkpoint), a
         # fine-tuning run with its pretrained model's.
         if saved:
