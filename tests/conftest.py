@@ -61,3 +61,42 @@ def aan(tmp_path):
                 file.write(b"\t".join([label.encode(), f"P{k}-1001".encode(), f"W{k}-2002".encode(), first, second]) + b"\n")
                 rows[split].append((int(float(label)), first, second))
     return folder, rows
+
+
+def usage_error(arguments, capsys) -> str:
+    """The message of a command refused for its input: exit status 2, one line, no traceback."""
+    from tokenmix.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(arguments)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert "Traceback" not in error and error.count("\n") == 1, error
+    return error
+
+
+TINY_RUN = ["--dim", "8", "--depth", "1", "--seq-len", "16", "--batch-size", "2", "--warmup", "0", "--eval-tokens", "64"]
+
+
+@pytest.fixture(scope="session")
+def tiny_runs(tmp_path_factory) -> dict:
+    """Run directories made once per session (copy before changing them): a causal LM ("lm"), a
+    masked LM ("mlm"), and the LM exported for transformers ("export", when the hf extra is installed)."""
+    from tokenmix.cli import main
+
+    root = tmp_path_factory.mktemp("tiny_runs")
+    corpus = root / "corpus.txt"
+    corpus.write_bytes(("To be, or not to be, that is the question. " * 200).encode())
+    runs = {}
+    for task in ("lm", "mlm"):
+        runs[task] = root / task
+        flags = ["--data", str(corpus), *TINY_RUN, "--steps", "1", "--task", task, "-o", "rpe_dim=4", "--sample-tokens", "0"]
+        assert main(["train", *flags, "--out", str(runs[task]), "--threads", "1"]) == 0
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return runs
+    runs["export"] = root / "export"
+    assert main(["export-hf", str(runs["lm"]), str(runs["export"])]) == 0
+    return runs

@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from conftest import usage_error
 
 import tokenmix
 from tokenmix.cli import build_parser, main, printable
@@ -20,17 +21,6 @@ def run(text_file, tmp_path):
     out = tmp_path / "run"
     assert main(["train", "--data", text_file, *SIZES, "--steps", "2", "-o", "rpe_dim=4", "--sample-tokens", "0", "--out", str(out)]) == 0
     return out
-
-
-def usage_error(arguments, capsys) -> str:
-    """The one-line message of a command refused for its input (exit status 2, no traceback)."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
-        main(arguments)
-    assert exit_info.value.code == 2
-    error = capsys.readouterr().err
-    assert "Traceback" not in error
-    return error
 
 
 def test_unknown_model_option_lists_the_accepted_ones(text_file, tmp_path, capsys):

@@ -37,7 +37,7 @@ def test_a_saved_model_survives_a_default_change(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda d: d.update(format_version=FORMAT_VERSION + 1), "newer than this tokenmix"),
+        (lambda d: d.update(format_version=FORMAT_VERSION + 1), "a newer tokenmix wrote it"),
         (lambda d: d.update(surprise=1), "unknown keys"),
         (lambda d: d["options"].update(surprise=1), "unknown option 'surprise'"),
     ],

@@ -411,13 +411,17 @@ def run_transformers_generate(args) -> int:
     with user_input():
         _use_threads(args)
         try:
+            from .hf.export import check_export
             from .hf.sampling import transformers_generate
         except ImportError as error:
             raise ValueError(str(error)) from None
         if args.stop or args.stream or args.check:
             raise ValueError("--transformers generates with transformers' generate(): without --stop, --stream or --check")
+        check_export(args.checkpoint)
         tokenizer = Tokenizer.load(args.checkpoint)  # exact bytes of the ids transformers chose
         texts = args.prompt or [DEMO_PROMPT]
+        if any(not text for text in texts):
+            raise ValueError("--prompt must not be empty")
     options = {"temperature": args.temperature, "top_k": args.top_k or None, "top_p": args.top_p, "seed": args.seed}
     samples, seconds = transformers_generate(args.checkpoint, texts, args.max_new_tokens, **options)
     print("\n---\n".join(printable(text.encode() + tokenizer.decode(new)) for text, new in zip(texts, samples, strict=True)))
@@ -580,8 +584,43 @@ def run_recipes(args) -> int:
     return 0
 
 
+def _add_convert_checkpoint(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "convert-checkpoint",
+        help="rewrite a checkpoint of tokenmix 0.2 or earlier (pickled objects) in today's format, which loads without running code",
+    )
+    parser.add_argument("checkpoint", help="checkpoint.pt or its run directory (the original is kept as checkpoint.pt.format1)")
+    parser.add_argument(
+        "--trust",
+        action="store_true",
+        help="you trust where the file came from: converting unpickles it once, and unpickling runs any code a file holds",
+    )
+    parser.set_defaults(handler=run_convert_checkpoint)
+
+
+def run_convert_checkpoint(args) -> int:
+    from .train.legacy_checkpoint import convert_checkpoint
+
+    with user_input():
+        if not args.trust:
+            raise ValueError(
+                "converting unpickles the checkpoint, which runs any code it holds: pass --trust only for a file "
+                "from a source you trust (your own run of an earlier tokenmix)"
+            )
+        converted, original = convert_checkpoint(args.checkpoint)
+    print(f"converted {converted} (the original is kept as {original})")
+    return 0
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors in one line: the problem and where the help is, without the usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="tokenmix",
         description="Fast token mixers for long sequences: train, evaluate, generate, plot, benchmark.",
         epilog=f"models: {', '.join(list_models())}. mixers: {', '.join(list_mixers())}. `tokenmix COMMAND --help` for each command.",
@@ -595,6 +634,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plot(subparsers)
     _add_recipes(subparsers)
     _add_export_hf(subparsers)
+    _add_convert_checkpoint(subparsers)
     from .bench.cli import add_bench, add_compare
 
     add_bench(subparsers)

@@ -4,7 +4,10 @@ A state's fields are tensors with the batch first, positions (ints), or nested s
 holds its parts' states; a model a list of its blocks'). ``StreamState`` gives every such
 dataclass the three things generation needs without knowing what is inside: move it to a device
 (``to``), keep some rows of the batch, in any order (``select``, for batched generation and beam
-search), and say how much memory it holds (``nbytes``).
+search), and say how much memory it holds (``nbytes``). ``to_plain`` / ``StreamState.from_plain``
+turn a state into nested dicts and lists of tensors and numbers and back, so a checkpoint holding
+one loads with ``torch.load(weights_only=True)``: only registered state classes are rebuilt, from
+their own fields.
 """
 
 from __future__ import annotations
@@ -39,9 +42,54 @@ def _tensors(value):
             yield from _tensors(item)
 
 
+_STATE_CLASSES: dict[str, type[StreamState]] = {}
+STATE_TYPE_KEY = "__state__"  # in a plain state: the class name
+
+
+def _plain(value):
+    if isinstance(value, StreamState):
+        return value.to_plain()
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _from_plain(value, where: str):
+    if isinstance(value, dict):
+        return StreamState.from_plain(value, where)
+    if isinstance(value, list):
+        return [_from_plain(item, f"{where}[{index}]") for index, item in enumerate(value)]
+    if value is None or isinstance(value, (torch.Tensor, int, float, str)):
+        return value
+    raise ValueError(f"{where} holds a {type(value).__name__}; a saved state holds tensors, numbers, strings and nested states")
+
+
 @dataclasses.dataclass
 class StreamState:
     """Base of every streaming state dataclass (fields: batch-first tensors, ints, nested states)."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        _STATE_CLASSES[cls.__name__] = cls  # saved states name their class: the package's names are unique (tested)
+
+    def to_plain(self) -> dict:
+        """The state as a dict of its fields (nested states as dicts, tuples as lists) and its class name."""
+        return {STATE_TYPE_KEY: type(self).__name__, **{f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}}
+
+    @staticmethod
+    def from_plain(data: dict, where: str = "state") -> StreamState:
+        """The state ``to_plain`` gave; ValueError (naming ``where``) for an unknown class or fields."""
+        cls = _STATE_CLASSES.get(data.get(STATE_TYPE_KEY)) if isinstance(data.get(STATE_TYPE_KEY), str) else None
+        if cls is None:
+            named = data.get(STATE_TYPE_KEY)
+            raise ValueError(f"{where} is not a saved streaming state (its {STATE_TYPE_KEY!r} names no state class: {named!r})")
+        names = {f.name for f in dataclasses.fields(cls)}
+        given = {key: value for key, value in data.items() if key != STATE_TYPE_KEY}
+        missing = dataclasses.MISSING
+        required = {f.name for f in dataclasses.fields(cls) if f.default is missing and f.default_factory is missing}
+        if set(given) - names or required - set(given):
+            raise ValueError(f"{where} ({cls.__name__}) has fields {sorted(given)}; expected {sorted(names)}")
+        return cls(**{key: _from_plain(value, f"{where}.{key}") for key, value in given.items()})
 
     def to(self: S, device=None, dtype: torch.dtype | None = None) -> S:
         """A copy on ``device``; ``dtype`` converts the floating point tensors only."""

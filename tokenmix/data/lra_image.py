@@ -1,10 +1,13 @@
 """LRA Image: CIFAR-10 (Krizhevsky 2009) in grayscale, one token per pixel (Long Range Arena, Tay et al. 2020,
 arXiv 2011.04006).
 
-Files: the CIFAR-10 python release, ``cifar-10-batches-py/data_batch_1..5`` and ``test_batch`` (DIR
-may hold ``cifar-10-batches-py/`` or be it): pickled dicts with ``b"data"``, N x 3072 uint8 (the R,
-G and B planes of a 32 x 32 image, each row by row) and ``b"labels"``. Pickle runs code while
-loading: read only files you trust (your own download of the release).
+Files: either CIFAR-10 release (DIR may hold its folder or be it).
+- The python release, ``cifar-10-batches-py/data_batch_1..5`` and ``test_batch``: pickled dicts with
+  ``b"data"``, N x 3072 uint8 (the R, G and B planes of a 32 x 32 image, each row by row) and
+  ``b"labels"``. A pickle can name code to run; these are read by ``safe_pickle``, which rebuilds
+  numpy arrays and plain containers only and refuses anything else.
+- The binary release, ``cifar-10-batches-bin/data_batch_1..5.bin`` and ``test_batch.bin``: records
+  of 3073 bytes, the label then the same 3072 plane bytes.
 
 Grayscale as ``tf.image.rgb_to_grayscale``, which LRA's pipeline applies: in float32,
 ``gray = trunc((0.2989 R + 0.5870 G + 0.1140 B) / 255 * 255.5)`` (so pure red, green and blue give
@@ -17,6 +20,7 @@ random by the run's seed (LRA's code holds out the last 10 % of its training spl
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -25,12 +29,22 @@ from ..validation import check_number
 from .corpus import BYTE_VOCAB
 from .examples import ClassificationData, Examples
 from .release_files import Layout, seeded_parts
+from .safe_pickle import load_arrays_pickle
 
 SIDE = 32
 VAL_FRACTION = 0.1
 TRAIN_BATCHES = tuple(f"data_batch_{k}" for k in range(1, 6))
 LUMA = np.array([0.2989, 0.5870, 0.1140], dtype=np.float32)
-RELEASE = Layout("lra-image", "the CIFAR-10 python release: cifar-10-batches-py/data_batch_1..5, test_batch", ("cifar-10-batches-py", ""))
+PLANES = 3 * SIDE * SIDE
+PYTHON_RELEASE = Layout(
+    "lra-image",
+    "the CIFAR-10 python release: cifar-10-batches-py/data_batch_1..5, test_batch "
+    "(or the binary release: cifar-10-batches-bin/data_batch_1..5.bin, test_batch.bin)",
+    ("cifar-10-batches-py", ""),
+)
+BINARY_RELEASE = Layout(
+    "lra-image", "the CIFAR-10 binary release: cifar-10-batches-bin/data_batch_1..5.bin, test_batch.bin", ("cifar-10-batches-bin", "")
+)
 
 
 def grayscale(planes: np.ndarray) -> np.ndarray:
@@ -40,25 +54,50 @@ def grayscale(planes: np.ndarray) -> np.ndarray:
     return gray.astype(np.uint8)
 
 
-def _read_batch(path) -> tuple[np.ndarray, list[int]]:
+def _read_python_batch(path: Path) -> tuple[np.ndarray, list[int]]:
     try:
-        batch = pickle.loads(RELEASE.read(path), encoding="bytes")
-        data, labels = np.asarray(batch[b"data"], dtype=np.uint8), [int(label) for label in batch[b"labels"]]
-    except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as error:
-        raise ValueError(f"lra-image: {path} is not a CIFAR-10 python batch ({error}); expected {RELEASE.expected}") from None
-    if data.shape != (len(labels), 3 * SIDE * SIDE) or not all(0 <= label < 10 for label in labels):
+        batch = load_arrays_pickle(PYTHON_RELEASE.read(path))
+        data, labels = batch[b"data"], [int(label) for label in batch[b"labels"]]
+        if not isinstance(data, np.ndarray) or data.dtype != np.uint8:
+            raise TypeError(f"its data is {getattr(data, 'dtype', type(data).__name__)}, not uint8")
+    except (pickle.UnpicklingError, EOFError, KeyError, IndexError, TypeError, ValueError) as error:
+        raise ValueError(f"lra-image: {path} is not a CIFAR-10 python batch ({error}); expected {PYTHON_RELEASE.expected}") from None
+    return _checked(path, data, labels)
+
+
+def _read_binary_batch(path: Path) -> tuple[np.ndarray, list[int]]:
+    records = np.frombuffer(BINARY_RELEASE.read(path), dtype=np.uint8)
+    if records.size == 0 or records.size % (PLANES + 1):
         raise ValueError(
-            f"lra-image: {path} holds data of shape {data.shape} and {len(labels)} labels; expected N x 3072 uint8 and N labels in 0..9"
+            f"lra-image: {path} holds {records.size} bytes, not whole records of 1 + {PLANES}; expected {BINARY_RELEASE.expected}"
+        )
+    records = records.reshape(-1, PLANES + 1)
+    return _checked(path, records[:, 1:], records[:, 0].tolist())
+
+
+def _checked(path: Path, data: np.ndarray, labels: list[int]) -> tuple[np.ndarray, list[int]]:
+    if data.shape != (len(labels), PLANES) or not all(0 <= label < 10 for label in labels):
+        raise ValueError(
+            f"lra-image: {path} holds data of shape {data.shape} and {len(labels)} labels; expected N x {PLANES} uint8 and N labels in 0..9"
         )
     return grayscale(data), labels
+
+
+def _batches(directory) -> list[tuple[np.ndarray, list[int]]]:
+    """The five training batches and the test batch of whichever release ``directory`` holds (the python one first)."""
+    base = Path(directory).expanduser() if directory is not None else None
+    binary = base is not None and any((base / folder / f"{TRAIN_BATCHES[0]}.bin").is_file() for folder in BINARY_RELEASE.folders)
+    if binary:
+        root = BINARY_RELEASE.root(directory, f"{TRAIN_BATCHES[0]}.bin")
+        return [_read_binary_batch(BINARY_RELEASE.require(root, f"{name}.bin")) for name in (*TRAIN_BATCHES, "test_batch")]
+    root = PYTHON_RELEASE.root(directory, TRAIN_BATCHES[0])
+    return [_read_python_batch(PYTHON_RELEASE.require(root, name)) for name in (*TRAIN_BATCHES, "test_batch")]
 
 
 def load_lra_image(directory, *, val_fraction: float = VAL_FRACTION, seed: int = 0) -> ClassificationData:
     """CIFAR-10 from ``directory`` (see the module docstring)."""
     check_number(val_fraction, "lra-image val_fraction", 0, 1, open_minimum=True, open_maximum=True)
-    root = RELEASE.root(directory, TRAIN_BATCHES[0])
-    paths = [RELEASE.require(root, name) for name in (*TRAIN_BATCHES, "test_batch")]
-    batches = [_read_batch(path) for path in paths]
+    batches = _batches(directory)
     pixels = np.concatenate([pixels for pixels, _ in batches[:-1]])
     labels = torch.tensor([label for _, labels in batches[:-1] for label in labels])
     train, val = (

@@ -171,14 +171,19 @@ class Tokenizer:
         if not file.is_file():
             raise ValueError(f"tokenizer: {str(file)!r} does not exist; give bytes, bpe:VOCAB or a tokenizer.json file")
         try:
-            backend = Backend.from_str(file.read_text())
-        except Exception as error:  # the library raises a bare Exception for malformed files
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
             raise ValueError(f"tokenizer: {str(file)!r} is not a tokenizers JSON file: {error}") from None
-        return cls(backend, str(file))
+        return cls.from_json(text, str(file))
 
     @classmethod
     def from_json(cls, text: str, source: str) -> Tokenizer:
-        return cls(Backend.from_str(text), source)
+        """A tokenizer from the JSON of a ``tokenizer.json``; ValueError naming ``source`` when it is not one."""
+        try:
+            backend = Backend.from_str(text)
+        except Exception as error:  # the library raises a bare Exception for malformed files
+            raise ValueError(f"tokenizer: {source!r} is not a tokenizers JSON file: {error}") from None
+        return cls(backend, source)
 
 
 @functools.cache

@@ -11,10 +11,13 @@ from transformers import PreTrainedTokenizerFast
 
 from ..data.tokenizer import MASK, Tokenizer
 from ..models.model import SequenceModel
+from ..models.pretrained import CONFIG_FILE, HF_MODEL_TYPE, read_json, read_saved
+from ..train.checkpoint import CHECKPOINT_FILE
 from .configuration import TokenmixConfig
 from .modeling import TokenmixForCausalLM, TokenmixForMaskedLM, TokenmixForSequenceClassification
 
 CLASSES = {"lm": TokenmixForCausalLM, "mlm": TokenmixForMaskedLM, "classify": TokenmixForSequenceClassification}
+SETTINGS_FILES = ("generation_config.json", "tokenizer_config.json", "special_tokens_map.json")  # JSON objects transformers reads
 
 
 def with_mask_token(tokenizer: Tokenizer) -> Tokenizer:
@@ -67,3 +70,27 @@ def export(
     if tokenizer is not None:
         hf_tokenizer(tokenizer).save_pretrained(directory)
     return directory
+
+
+def check_export(directory) -> None:
+    """ValueError naming the file unless ``directory`` is an export transformers can read: its config,
+    weights (consistent with each other), tokenizer and settings files. Read before transformers
+    reads them, so a damaged file is a clear error rather than transformers' traceback."""
+    directory = Path(directory)
+    if (directory / CHECKPOINT_FILE).is_file():
+        raise ValueError(
+            f"{str(directory)!r} is a run directory; transformers reads a folder written by `tokenmix export-hf {directory} DIR`"
+        )
+    config, _ = read_saved(directory)
+    if read_json(directory / CONFIG_FILE, "model config").get("model_type") != HF_MODEL_TYPE:
+        raise ValueError(
+            f"{str(directory / CONFIG_FILE)!r} has no model_type {HF_MODEL_TYPE!r}: a save_pretrained folder, not a transformers "
+            "export; write one with `tokenmix export-hf`"
+        )
+    for name in SETTINGS_FILES:
+        if (directory / name).exists() and not isinstance(read_json(directory / name, "transformers settings file"), dict):
+            raise ValueError(f"{str(directory / name)!r} must hold a JSON object")
+    tokenizer = Tokenizer.load(directory)
+    if tokenizer.vocab_size > config.vocab_size:
+        file = directory / "tokenizer.json"
+        raise ValueError(f"{str(file)!r} has {tokenizer.vocab_size} ids but the model {config.vocab_size}: not this model's tokenizer")

@@ -1,7 +1,7 @@
 """Model configs, the model registry and save/load."""
 
 from .config import FORMAT_VERSION, ModelConfig
-from .model import SegmentState, SequenceModel, build_model
+from .model import SequenceModel, build_model
 from .pretrained import from_pretrained, save_pretrained
 from .registry import TASKS, list_models, resolve_model_options
 
@@ -10,7 +10,6 @@ __all__ = [
     "TASKS",
     "resolve_model_options",
     "ModelConfig",
-    "SegmentState",
     "SequenceModel",
     "build_model",
     "from_pretrained",

@@ -44,7 +44,9 @@ class ModelConfig:
     tokenmix_version: str = field(default=__version__, compare=False)
 
     def __post_init__(self):
-        if self.task not in TASKS:
+        if not isinstance(self.name, str):
+            raise ValueError(f"name must be a model name (a string), got {self.name!r}")
+        if not isinstance(self.task, str) or self.task not in TASKS:
             raise ValueError(f"task must be one of {list(TASKS)}, got {self.task!r}")
         for argument in ("vocab_size", "dim", "depth"):
             check_int(getattr(self, argument), argument)
@@ -52,7 +54,7 @@ class ModelConfig:
             check_int(self.num_classes, "num_classes (task='classify'; 1 is one regressed score)", minimum=1)
         elif self.num_classes is not None:
             raise ValueError(f"num_classes is only used with task='classify', got {self.num_classes!r}")
-        if self.pool not in POOLS:
+        if not isinstance(self.pool, str) or self.pool not in POOLS:
             raise ValueError(f"pool must be one of {list(POOLS)}, got {self.pool!r}")
         check_int(self.documents, "documents", maximum=2)
         if self.task != "classify" and (self.pool, self.documents) != ("mean", 1):
@@ -78,16 +80,18 @@ class ModelConfig:
         if not isinstance(data, dict):
             raise ValueError(f"a model config must be a JSON object, got {type(data).__name__}")
         version = data.get("format_version", 1)
-        if not isinstance(version, int) or version > FORMAT_VERSION:
+        if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
             written = data.get("tokenmix_version", "unknown")
             raise ValueError(
-                f"config format_version {version!r} (written by tokenmix {written}) is newer than this tokenmix "
-                f"({__version__}, format {FORMAT_VERSION}) reads: upgrade tokenmix"
+                f"config format_version {version!r} (written by tokenmix {written}) is not one this tokenmix "
+                f"({__version__}, formats 1 to {FORMAT_VERSION}) reads: a newer tokenmix wrote it, or the file is damaged"
             )
         known = {spec.name for spec in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"config has unknown keys {unknown}; format {version} configs have {sorted(known)}")
+        if "name" not in data:
+            raise ValueError("config has no 'name' (the model's name)")
         if version == 1:
             warnings.warn(
                 "this config predates tokenmix 0.2 (format 1) and records only the options passed by hand; "

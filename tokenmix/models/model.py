@@ -47,30 +47,12 @@ def check_tokens(tokens: torch.Tensor, vocab_size: int, mask: torch.Tensor | Non
 
 
 @dataclass
-class SegmentState:
-    """The memory checkpoints written before streaming states held (kept so they still load; see
-    ``ModelState.from_segment_state``)."""
-
-    memory: list[torch.Tensor]
-    position: int = 0
-
-
-@dataclass
 class ModelState(StreamState):
     """A model's stream: every block's state, the position, and which model it belongs to."""
 
     blocks: list
     position: int
     model: str
-
-    @classmethod
-    def from_segment_state(cls, legacy: SegmentState, model: SequenceModel, segment_length: int) -> ModelState:
-        """The state an older checkpoint's ``SegmentState`` stands for (XL blocks at a segment boundary)."""
-        state = model.init_state(legacy.memory[0].shape[0], legacy.memory[0].device, legacy.memory[0].dtype, segment_length=segment_length)
-        for block, memory in zip(state.blocks, legacy.memory, strict=True):
-            block.memory, block.position = memory, legacy.position
-        state.position = legacy.position
-        return state
 
 
 def pool_hidden(h: torch.Tensor, mask: torch.Tensor | None, how: str) -> torch.Tensor:

@@ -2,7 +2,9 @@
 
 ``from_pretrained`` also reads a directory written for transformers (``tokenmix.hf.export``,
 ``tokenmix export-hf``): its config holds the tokenmix config under ``tokenmix`` and its weights
-are prefixed ``tokenmix.``."""
+are prefixed ``tokenmix.``. Both files are data (JSON and safetensors), never code; a damaged or
+edited file is a ValueError that names it and says what is wrong.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_model
 
 from ..devices import resolve_device
@@ -29,24 +32,75 @@ def save_pretrained(model: SequenceModel, directory) -> None:
     write_text_atomic(directory / CONFIG_FILE, model.config.to_json())
 
 
-def from_pretrained(directory, device=None, dtype: torch.dtype | None = None) -> SequenceModel:
-    """Rebuild a model saved by ``save_pretrained``, on ``device`` (default CPU) in ``dtype`` (default as saved)."""
+def read_json(path: Path, what: str):
+    """The JSON value in ``path``; ValueError naming the file when it is unreadable or not JSON."""
+    try:
+        return json.loads(path.read_bytes())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{str(path)!r} is not a readable {what} (JSON): {error}") from None
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file; ValueError naming the file when it is missing or damaged."""
+    try:
+        return load_file(str(path))
+    except (OSError, SafetensorError) as error:
+        raise ValueError(f"{str(path)!r} is not a readable safetensors file: {error}") from None
+
+
+def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], source: str, strict: bool = True) -> None:
+    """Copy ``weights`` (read from ``source``) into ``model``, whose keys and shapes they must match
+    (every key when ``strict``, else those ``weights`` has); ValueError naming ``source`` and the
+    differences otherwise."""
+    own = model.state_dict()
+    missing = sorted(key for key in own if key not in weights) if strict else []
+    unexpected = sorted(key for key in weights if key not in own)
+    wrong = [
+        f"{key} {tuple(weights[key].shape)} (model: {tuple(own[key].shape)})"
+        for key in sorted(weights)
+        if key in own and weights[key].shape != own[key].shape
+    ]
+    wrong += [
+        f"{key} {weights[key].dtype}"
+        for key in sorted(weights)
+        if key in own and own[key].is_floating_point() and not weights[key].is_floating_point()
+    ]
+    if missing or unexpected or wrong:
+        found = "; ".join(
+            f"{label} {items[:4]}{' ...' if len(items) > 4 else ''}"
+            for label, items in (("missing", missing), ("unexpected", unexpected), ("wrong shape or type", wrong))
+            if items
+        )
+        raise ValueError(f"{source}: its weights do not fit the model its config describes ({model.config.name}): {found}")
+    model.load_state_dict(weights, strict=strict)
+
+
+def read_saved(directory) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """(config, weights) of a ``save_pretrained`` or transformers-export directory; ValueError naming
+    the file that is missing, damaged or inconsistent."""
     directory = Path(directory)
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (directory / name).is_file():
             raise ValueError(f"directory {str(directory)!r} has no {name}: not a save_pretrained directory")
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise ValueError(f"dtype must be a floating point torch.dtype (torch.float32, torch.bfloat16, ...), got {dtype!r}")
-    try:
-        data = json.loads((directory / CONFIG_FILE).read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{str(directory / CONFIG_FILE)!r} is not valid JSON: {error}") from None
+    data = read_json(directory / CONFIG_FILE, "model config")
     transformers_layout = isinstance(data, dict) and data.get("model_type") == HF_MODEL_TYPE
-    model = SequenceModel(ModelConfig.from_dict(data[HF_MODEL_TYPE] if transformers_layout else data))
-    weights = load_file(str(directory / WEIGHTS_FILE))
+    try:
+        config = ModelConfig.from_dict(data[HF_MODEL_TYPE] if transformers_layout else data)
+    except (ValueError, KeyError) as error:
+        raise ValueError(f"{str(directory / CONFIG_FILE)!r}: not a valid tokenmix model config: {error}") from None
+    weights = read_weights(directory / WEIGHTS_FILE)
     if transformers_layout:
         weights = {key.removeprefix(HF_MODEL_TYPE + "."): value for key, value in weights.items()}
+    return config, weights
+
+
+def from_pretrained(directory, device=None, dtype: torch.dtype | None = None) -> SequenceModel:
+    """Rebuild a model saved by ``save_pretrained``, on ``device`` (default CPU) in ``dtype`` (default as saved)."""
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a floating point torch.dtype (torch.float32, torch.bfloat16, ...), got {dtype!r}")
+    config, weights = read_saved(directory)
+    model = SequenceModel(config)
     saved = next((tensor.dtype for tensor in weights.values() if tensor.is_floating_point()), None)
     model.to(dtype=saved)  # the saved precision unless ``dtype`` says otherwise
-    model.load_state_dict(weights)
+    load_weights(model, weights, repr(str(Path(directory) / WEIGHTS_FILE)))
     return model.to(device=resolve_device(device or "cpu"), dtype=dtype)

@@ -11,18 +11,16 @@ its data with the pretrained model's tokenizer (kept in its checkpoint).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from ..data.corpus import BYTE_VOCAB
 from ..data.tokenizer import TOKENIZER_FILE, Tokenizer, byte_tokenizer
 from ..models.config import ModelConfig
-from ..models.pretrained import CONFIG_FILE, WEIGHTS_FILE
-from .checkpoint import checkpoint_tokenizer, load_checkpoint
+from ..models.pretrained import CONFIG_FILE, WEIGHTS_FILE, load_weights, read_saved
+from .checkpoint import checkpoint_tokenizer, load_checkpoint, model_config_of, resolve_checkpoint
 
 HEAD_PREFIX = "classifier."
 # Settings that come from the pretrained model (a fine-tuning run cannot change them).
@@ -42,20 +40,22 @@ def read_pretrained(path) -> Pretrained:
     """The model at ``path``: a run directory or checkpoint file (its tokenizer is kept in the
     checkpoint), or a save_pretrained directory (its ``tokenizer.json``; none: a byte-level model)."""
     path = Path(path)
-    if path.is_dir() and (path / CONFIG_FILE).is_file() and (path / WEIGHTS_FILE).is_file():
-        config = ModelConfig.from_dict(json.loads((path / CONFIG_FILE).read_text()))
+    if path.is_dir() and ((path / CONFIG_FILE).is_file() or (path / WEIGHTS_FILE).is_file()):
+        config, weights = read_saved(path)
         if (path / TOKENIZER_FILE).is_file():
             tokenizer = Tokenizer.load(path)
         elif config.vocab_size in (BYTE_VOCAB, BYTE_VOCAB + 1):
             tokenizer = byte_tokenizer()
         else:
             raise ValueError(f"{str(path)!r} has no {TOKENIZER_FILE} for its {config.vocab_size} token ids: put the tokenizer beside it")
-        return Pretrained(config, load_file(str(path / WEIGHTS_FILE)), tokenizer)
-    state = load_checkpoint(path)
-    tokenizer = checkpoint_tokenizer(state)
+        return Pretrained(config, weights, tokenizer)
+    file = resolve_checkpoint(path)
+    state = load_checkpoint(file)
+    tokenizer = checkpoint_tokenizer(state, file)
     if tokenizer is None:
-        raise ValueError(f"{str(path)!r} was trained on {state['train_config']['data']!r}, which is not text: nothing to fine-tune on text")
-    return Pretrained(ModelConfig.from_dict(state["model_config"]), state["model"], tokenizer)
+        data = state["train_config"].get("data")
+        raise ValueError(f"{str(path)!r} was trained on {data!r}, which is not text: nothing to fine-tune on text")
+    return Pretrained(model_config_of(state, file), state["model"], tokenizer)
 
 
 def finetune_settings(pretrained: Pretrained, path, given: dict) -> dict:
@@ -78,13 +78,6 @@ def finetune_settings(pretrained: Pretrained, path, given: dict) -> dict:
 def load_initial_weights(model, pretrained: Pretrained, path) -> None:
     """Copy every weight of ``pretrained`` (read from ``path``) into ``model`` except the task head
     (new, left as initialised); ValueError if the two models differ anywhere else."""
-    own, weights = model.state_dict(), pretrained.weights
-    missing = sorted(key for key in own if key not in weights and not key.startswith(HEAD_PREFIX))
-    unexpected = sorted(key for key in weights if key not in own)
-    wrong = sorted(key for key in weights if key in own and weights[key].shape != own[key].shape)
-    if missing or unexpected or wrong:
-        raise ValueError(
-            f"init {str(path)!r} is not this model ({model.config.name}, dim {model.config.dim}, depth {model.config.depth}): "
-            f"missing {missing[:5]}, unexpected {unexpected[:5]}, different shapes {wrong[:5]}"
-        )
-    model.load_state_dict({**own, **weights})
+    head = {key: value for key, value in model.state_dict().items() if key.startswith(HEAD_PREFIX)}
+    body = {key: value for key, value in pretrained.weights.items() if not key.startswith(HEAD_PREFIX)}
+    load_weights(model, {**body, **head}, f"init {str(path)!r}")

@@ -29,12 +29,22 @@ from ..data.sources import DataSource, load_data
 from ..data.tokenizer import TOKENIZER_FILE, Tokenizer, parse_tokenizer_spec
 from ..devices import resolve_device
 from ..models.config import POOLS, ModelConfig
-from ..models.model import ModelState, SegmentState, SequenceModel
-from ..models.pretrained import save_pretrained
+from ..models.model import ModelState, SequenceModel
+from ..models.pretrained import load_weights, save_pretrained
 from ..models.registry import resolve_model_options
 from ..progress import progress_bar
+from ..state import StreamState
 from ..validation import check_int, check_number, set_finite_checks
-from .checkpoint import CHECKPOINT_FILE, checkpoint_tokenizer, load_checkpoint, restore_rng_state, rng_state, save_checkpoint
+from .checkpoint import (
+    CHECKPOINT_FILE,
+    check_resumable,
+    check_tokenizer_beside,
+    checkpoint_tokenizer,
+    load_checkpoint,
+    restore_rng_state,
+    rng_state,
+    save_checkpoint,
+)
 from .distributed import DistributedContext, init_distributed
 from .evaluate import describe
 from .finetune import Pretrained, load_initial_weights, read_pretrained
@@ -235,7 +245,9 @@ class Trainer:
         # A resumed run reads its data with the tokenizer it was trained with (kept in the checkpoint), a
         # fine-tuning run with its pretrained model's.
         if saved:
-            tokenizer = checkpoint_tokenizer(saved) or config.tokenizer
+            kept = checkpoint_tokenizer(saved, self.out / CHECKPOINT_FILE)
+            check_tokenizer_beside(self.out / CHECKPOINT_FILE, kept)
+            tokenizer = kept or config.tokenizer
         elif self.pretrained:
             tokenizer = self.pretrained.tokenizer
             self.config = config = replace(config, tokenizer=tokenizer.name)
@@ -327,7 +339,9 @@ class Trainer:
         path = self.out / CHECKPOINT_FILE
         if not path.is_file():
             raise ValueError(f"--resume: no checkpoint at {str(path)!r}")
-        return load_checkpoint(path)
+        state = load_checkpoint(path)
+        check_resumable(state, path)
+        return state
 
     def _check_resume(self, state: dict) -> dict:
         """The checkpoint ``state`` with the settings this resume changes (ValueError for refused ones)."""
@@ -356,22 +370,26 @@ class Trainer:
             return None
 
     def _resume(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        path = self.out / CHECKPOINT_FILE
+        load_weights(self.model, state["model"], f"checkpoint {str(path)!r}")
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"checkpoint {str(path)!r}: its optimizer or schedule state does not fit this run: {error}") from None
         self.step, self.total_steps = state["step"], state["total_steps"]
         self.train_seconds = state.get("train_seconds", 0.0)
         self.resumes = list(state.get("resumes", []))
         changes = state["changes"]
-        self.scheduler.load_state_dict(state["scheduler"])
         if "steps" in changes or "minutes" in changes:
             self.total_steps = self.config.steps if self.config.steps is not None else self._steps_in_budget()
             for group, base_lr in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
                 group["lr"] = base_lr * self._multiplier(self.step)  # the schedule of the new run length, from this step on
-        restore_rng_state(state["rng"])
+        restore_rng_state(state["rng"], path)
         segment_states = state.get("segment_states") or [None] * self.context.world_size
         segment_state = segment_states[self.context.rank]
-        if isinstance(segment_state, SegmentState):  # written before streaming states
-            segment_state = ModelState.from_segment_state(segment_state, self.model, self.config.seq_len)
+        if segment_state is not None:
+            segment_state = StreamState.from_plain(segment_state, f"checkpoint {str(path)!r}: segment_states[{self.context.rank}]")
         self.segment_state = _to_device(segment_state, self.device)
         if changes:
             self.resumes.append({"step": self.step, "changed": changes})
@@ -383,7 +401,7 @@ class Trainer:
             raise TrainingDiverged(
                 f"the weights became non-finite at step {self.step}; the last good checkpoint in {str(self.out)!r} is kept"
             )
-        segment_states = self.context.gather_objects(_to_device(self.segment_state, "cpu"))
+        segment_states = self.context.gather_objects(None if self.segment_state is None else self.segment_state.to("cpu").to_plain())
         if self.context.is_main:
             save_checkpoint(self.out / CHECKPOINT_FILE, {**self.state(), "segment_states": segment_states})
 

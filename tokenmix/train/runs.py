@@ -75,17 +75,28 @@ def resume_changes(saved: dict, requested: dict, step: int) -> dict[str, list]:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """The records of a ``metrics.jsonl``; a last line cut short by a kill is dropped, any other bad line is a ValueError."""
+    """The records (JSON objects, one per line) of a ``metrics.jsonl``.
+
+    A last line cut short by a kill (the start of a record) is dropped; any other line that is not
+    a JSON object is a ValueError naming the file and the line.
+    """
     if not path.is_file():
         return []
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    try:
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"{str(path)!r} is not a readable metrics log (JSON lines): {error}") from None
     records = []
     for number, line in enumerate(lines, 1):
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
-            if number < len(lines):
-                raise ValueError(f"{str(path)!r} line {number} is not a JSON record: {line[:80]!r}") from None
+            if number == len(lines) and line.startswith("{"):
+                continue  # torn by a kill during the write
+            raise ValueError(f"{str(path)!r} line {number} is not a JSON record: {line[:80]!r}") from None
+        if not isinstance(record, dict) or not isinstance(record.get("step", 0), int):
+            raise ValueError(f"{str(path)!r} line {number} is not a metrics record (a JSON object with an integer step): {line[:80]!r}")
+        records.append(record)
     return records
 
 
