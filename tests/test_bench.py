@@ -254,6 +254,22 @@ def test_compare_matches_records_and_reports_speedups(tmp_path, capsys):
     assert "not a readable bench JSON" in capsys.readouterr().err
 
 
+def test_compare_says_when_the_runs_were_measured_under_other_conditions(tmp_path, capsys):
+    record = {"kind": "mixer", "mixer": "tno", "causal": False, "length": 512, "forward_ms": 1.0, "forward_backward_ms": 3.0}
+    conditions = {"threads": 2, "device": "cpu", "dtype": "float32", "torch": "2.13.0", "git_commit": "abc"}
+    (tmp_path / "a.json").write_text(json.dumps([{**record, **conditions}]))
+    (tmp_path / "b.json").write_text(json.dumps([{**record, **conditions}]))
+    assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    assert capsys.readouterr().err == ""
+    (tmp_path / "b.json").write_text(json.dumps([{**record, **conditions, "threads": 1, "torch": "2.14.1", "git_commit": "def"}]))
+    assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    warnings = capsys.readouterr().err.splitlines()
+    assert warnings == [
+        "tokenmix compare: warning: threads differs: before 2; after 1: the speed-ups mix this change with the code's",
+        "tokenmix compare: warning: torch differs: before 2.13.0; after 2.14.1: the speed-ups mix this change with the code's",
+    ]  # a new commit is what a comparison is for
+
+
 GENERATE_SIZES = ["--kinds", "generate", "--model-dim", "8", "--dim", "8", "--repeats", "1", "--threads", "1"]
 
 

@@ -12,7 +12,7 @@ from tokenmix.cli import build_parser, main, printable
 from tokenmix.mixers.registry import list_mixers
 from tokenmix.models.registry import list_models
 
-SIZES = ["--dim", "8", "--depth", "1", "--seq-len", "16", "--batch-size", "2", "--warmup", "1", "--eval-tokens", "64"]
+SIZES = ["--dim", "8", "--depth", "1", "--seq-len", "16", "--batch-size", "2", "--eval-tokens", "64"]
 
 
 @pytest.fixture

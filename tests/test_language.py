@@ -17,7 +17,7 @@ from tokenmix.models import ModelConfig, SequenceModel
 from tokenmix.train.checkpoint import load_checkpoint, model_from_checkpoint
 from tokenmix.train.generate import StopRule, naive_generate
 
-SIZES = ["--dim", "16", "--depth", "1", "--seq-len", "32", "--batch-size", "4", "--warmup", "1", "--eval-tokens", "256", "-o", "rpe_dim=4"]
+SIZES = ["--dim", "16", "--depth", "1", "--seq-len", "32", "--batch-size", "4", "--eval-tokens", "256", "-o", "rpe_dim=4"]
 
 
 @pytest.fixture(autouse=True)

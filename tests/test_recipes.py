@@ -1,10 +1,12 @@
 """Every recipe is a run this library can start; command-line values override a recipe's."""
 
 import pytest
+import torch
 
 from tokenmix.cli import main, recipe_flags, train_config_from_args
 from tokenmix.data.examples import ClassificationData, Examples
 from tokenmix.data.sources import source_kind
+from tokenmix.models.model import SequenceModel
 from tokenmix.train.loop import TrainConfig
 from tokenmix.train.objectives import objective_for
 from tokenmix.train.recipes import apply_recipe, list_recipes, recipe
@@ -46,6 +48,8 @@ def test_every_recipe_resolves_to_a_model(name):
     if "grid" in model_config.options:
         assert tuple(model_config.options["grid"]) == data_fields(config.data)["grid"]
     assert recipe(name).source and recipe(name).description
+    with torch.device("meta"):  # the full-size model is built (every constructor's checks run) without memory
+        assert SequenceModel(model_config).num_parameters() > 0
 
 
 def test_recipes_that_read_files_ask_for_them():

@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+from conftest import usage_error
 
 from tokenmix.cli import main
 from tokenmix.train import TrainConfig, Trainer, load_checkpoint
@@ -16,12 +17,12 @@ from tokenmix.train.runs import read_metrics
 
 
 def tiny(text_file, out, **overrides) -> TrainConfig:
-    settings = dict(data=text_file, dim=8, depth=1, seq_len=16, batch_size=2, steps=6, warmup=2, eval_every=100, eval_tokens=64)
+    settings = dict(data=text_file, dim=8, depth=1, seq_len=16, batch_size=2, steps=6, eval_every=100, eval_tokens=64)
     return TrainConfig(**{**settings, "out": str(out), "options": {"rpe_dim": 4}, **overrides})
 
 
 def cli_train(text_file, out, *extra) -> list[str]:
-    sizes = ["--data", text_file, "--dim", "8", "--depth", "1", "--seq-len", "16", "--batch-size", "2", "--warmup", "2"]
+    sizes = ["--data", text_file, "--dim", "8", "--depth", "1", "--seq-len", "16", "--batch-size", "2"]
     quiet = ["--eval-every", "100", "--eval-tokens", "64", "--sample-tokens", "0"]
     return ["train", *sizes, *quiet, "-o", "rpe_dim=4", "--out", str(out), *extra]
 
@@ -255,3 +256,42 @@ def test_time_based_saves_happen_during_a_run(text_file, tmp_path, monkeypatch):
     monkeypatch.setattr(Trainer, "save", lambda self: saved.append(self.step))
     Trainer(tiny(text_file, tmp_path / "r", steps=5, save_every="0.001s"), progress=False).run()
     assert saved == [1, 2, 3, 4, 5]  # each step takes longer than a millisecond
+
+
+def test_a_resume_refuses_changed_data_files_by_name_unless_allowed(tmp_path, capsys):
+    """Fails if the checkpoint does not record the data files (size and SHA-256) or the resume does not compare them."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("a.txt", "b.txt"):
+        (corpus / name).write_bytes((f"{name} to be or not to be. " * 100).encode())
+    run = tmp_path / "run"
+    assert main(cli_train(str(corpus), run, "--steps", "2")) == 0
+    assert set(load_checkpoint(run)["data_files"]) == {"a.txt", "b.txt"}
+    (corpus / "b.txt").write_bytes((corpus / "b.txt").read_bytes().replace(b"be", b"BE"))  # same size
+    error = usage_error(["train", "--resume", "--out", str(run), "--steps", "3"], capsys)
+    assert "b.txt: same size, different content" in error and "a.txt" not in error and "--allow-data-change" in error
+    size = (corpus / "a.txt").stat().st_size
+    (corpus / "a.txt").write_bytes(b"short " * 100)
+    error = usage_error(["train", "--resume", "--out", str(run), "--steps", "3"], capsys)
+    assert f"a.txt: {size} bytes, now 600" in error
+    assert main(["train", "--resume", "--out", str(run), "--steps", "3", "--allow-data-change", "--sample-tokens", "0"]) == 0
+    (resume,) = load_checkpoint(run)["resumes"]
+    assert resume["changed"]["data_files"] == [f"a.txt: {size} bytes, now 600", "b.txt: same size, different content"]
+    assert main(["train", "--resume", "--out", str(run), "--steps", "4", "--sample-tokens", "0"]) == 0  # the new files are the record now
+
+
+def test_folders_of_many_files_are_fingerprinted_as_one_entry(tmp_path, monkeypatch):
+    from tokenmix.data import provenance
+
+    monkeypatch.setattr(provenance, "PER_FILE_LIMIT", 2)
+    for index in range(3):
+        (tmp_path / "many").mkdir(exist_ok=True)
+        (tmp_path / "many" / f"{index}.png").write_bytes(bytes([index]) * 10)
+    (tmp_path / "labels.txt").write_bytes(b"0 1 2")
+    with provenance.record_reads() as reads:
+        for path in [*sorted((tmp_path / "many").iterdir()), tmp_path / "labels.txt"]:
+            provenance.note_read(path)
+    before = reads.fingerprints()
+    assert set(before) == {"many/*", "labels.txt"} and before["many/*"]["files"] == 3 and before["many/*"]["bytes"] == 30
+    (tmp_path / "many" / "1.png").write_bytes(b"\x09" * 10)
+    assert provenance.data_changes(before, reads.fingerprints()) == ["many/*: same size, different content"]

@@ -20,7 +20,6 @@ def tiny_config(text_file, out, **overrides):
         seq_len=32,
         batch_size=2,
         steps=6,
-        warmup=2,
         eval_every=3,
         eval_tokens=256,
         out=str(out),
@@ -156,7 +155,7 @@ DDP_SCRIPT = textwrap.dedent(
     """
     import sys, torch, torch.distributed as dist
     from tokenmix.train import TrainConfig, Trainer
-    config = TrainConfig(data=sys.argv[1], dim=16, depth=1, seq_len=32, batch_size=2, steps=4, warmup=1,
+    config = TrainConfig(data=sys.argv[1], dim=16, depth=1, seq_len=32, batch_size=2, steps=4,
                          eval_every=2, eval_tokens=128, out=sys.argv[2], options={"rpe_dim": 8},
                          save_every="0.001s")  # time-based saves: the ranks must agree on each one
     trainer = Trainer(config, progress=False)

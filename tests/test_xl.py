@@ -115,7 +115,7 @@ def test_xl_training_resumes_exactly_with_memory(tmp_path):
 
     def config(out):
         return TrainConfig(
-            model="transformer_xl", data=str(path), dim=16, depth=2, seq_len=16, batch_size=2, steps=6, warmup=2,
+            model="transformer_xl", data=str(path), dim=16, depth=2, seq_len=16, batch_size=2, steps=6,
             eval_every=3, eval_tokens=256, out=str(out), options={"memory_length": 16, "heads": 2},
         )  # fmt: skip
 

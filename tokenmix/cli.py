@@ -14,6 +14,7 @@ import json
 import sys
 import time
 import unicodedata
+import warnings
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -26,13 +27,13 @@ from .errors import UsageError, user_input
 from .files import write_json_atomic
 from .mixers.registry import list_mixers
 from .models.registry import list_models
-from .runtime import retain_freed_memory
+from .runtime import retain_freed_memory, set_threads
 from .table import format_table
 from .train.checkpoint import load_checkpoint, model_from_checkpoint
 from .train.evaluate import SCORES, describe
 from .train.finetune import FROM_PRETRAINED, finetune_settings, read_pretrained
 from .train.generate import StopRule, generate, naive_generate
-from .train.loop import TrainConfig, Trainer, TrainingDiverged, TrainingInterrupted
+from .train.loop import DEFAULT_WARMUP, TrainConfig, Trainer, TrainingDiverged, TrainingInterrupted
 from .train.objectives import objective_class, objective_for
 from .train.recipes import apply_recipe, list_recipes, recipe
 from .version import __version__, source_revision
@@ -53,7 +54,7 @@ TRAIN_HELP = {
     "minutes": "a time budget instead of --steps: the step count is fixed from the pace of the run (docs/training.md)",
     "lr": "peak learning rate (AdamW)",
     "min_lr_ratio": "final learning rate of the cosine or linear schedule, as a fraction of the peak",
-    "warmup": "linear warmup steps",
+    "warmup": f"linear warmup steps (default: {DEFAULT_WARMUP}, a ninth of a shorter run)",
     "schedule": "cosine or linear (to --min-lr-ratio at the last step), inverse_sqrt or constant, after the warmup",
     "weight_decay": "AdamW weight decay of weight matrices (kernel parameters are exempt: docs/training.md)",
     "beta1": "AdamW beta1",
@@ -83,7 +84,7 @@ def _add_threads_and_device(parser, device_default: str = "cpu") -> None:
 
 def _use_threads(args) -> None:
     if args.threads:
-        torch.set_num_threads(args.threads)
+        set_threads(args.threads)
 
 
 def _add_run_flags(parser, defaults: TrainConfig, skipped: tuple[str, ...] = ()) -> None:
@@ -111,6 +112,11 @@ def _add_run_flags(parser, defaults: TrainConfig, skipped: tuple[str, ...] = ())
     run = parser.add_mutually_exclusive_group()
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint (its settings are kept)")
     run.add_argument("--overwrite", action="store_true", help="replace a run already in --out (by default such a directory is refused)")
+    parser.add_argument(
+        "--allow-data-change",
+        action="store_true",
+        help="with --resume: continue although data files differ from those the checkpoint recorded (size, SHA-256)",
+    )
 
 
 def _add_train(subparsers) -> None:
@@ -125,7 +131,6 @@ def _add_train(subparsers) -> None:
 FINETUNE_DEFAULTS = {
     "lr": 3e-4,
     "steps": 500,
-    "warmup": 50,
     "schedule": "linear",
     "min_lr_ratio": 0.0,
     "weight_decay": 0.01,
@@ -162,7 +167,11 @@ def train_config_from_args(args) -> TrainConfig:
     checkpoint's settings with ``--resume`` (so a resume need not repeat them)."""
     given = _given_settings(args)
     if not args.resume:
-        return TrainConfig(**apply_recipe(given.pop("recipe", None), given))
+        notes: list[str] = []
+        config = TrainConfig(**apply_recipe(given.pop("recipe", None), given, notes))
+        for note in notes:
+            print(note, file=sys.stderr)
+        return config
     if "recipe" in given:
         raise ValueError("--recipe starts a run; --resume continues one with the settings it was started with")
     saved = load_checkpoint(Path(given.get("out", TrainConfig.out)))["train_config"]
@@ -174,7 +183,9 @@ def train_config_from_args(args) -> TrainConfig:
 def run_train(args) -> int:
     with user_input():
         config = train_config_from_args(args)
-        trainer = Trainer(config, resume=args.resume, overwrite=args.overwrite)
+        if args.allow_data_change and not args.resume:
+            raise ValueError("--allow-data-change applies to --resume")
+        trainer = Trainer(config, resume=args.resume, overwrite=args.overwrite, allow_data_change=args.allow_data_change)
     return _run(trainer, "train", args.sample_tokens)
 
 
@@ -190,7 +201,11 @@ def run_finetune(args) -> int:
             # a --minutes budget sets steps to None over the default step count
             pretrained = read_pretrained(args.pretrained)
             config = TrainConfig(**finetune_settings(pretrained, args.pretrained, {**FINETUNE_DEFAULTS, **_given_settings(args)}))
-        trainer = Trainer(config, resume=args.resume, overwrite=args.overwrite, pretrained=pretrained)
+        if args.allow_data_change and not args.resume:
+            raise ValueError("--allow-data-change applies to --resume")
+        trainer = Trainer(
+            config, resume=args.resume, overwrite=args.overwrite, pretrained=pretrained, allow_data_change=args.allow_data_change
+        )
     return _run(trainer, "finetune", sample_tokens=0)
 
 
@@ -445,8 +460,6 @@ def run_generate(args) -> int:
         stop = None if args.stop is None else args.stop.replace("\\n", "\n").replace("\\t", "\t")
         if stop == "":
             raise ValueError("--stop must not be empty")
-        if args.top_p is not None and args.top_p > 1:
-            raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
         if args.check and args.temperature != 0:
             raise ValueError("--check compares greedy decoding: use it with --temperature 0")
         prompts = [tokenizer.encode(text).long() for text in texts]
@@ -467,11 +480,11 @@ def run_generate(args) -> int:
             stream = TextStream(rule)
             stream.write(("" if index == 0 else "\n---\n").encode() + text.encode())
             write = lambda _row, token, out=stream: out.write_sample(tokenizer.token_bytes[token])  # noqa: E731
-            generate(model, [prompt], args.max_new_tokens, **options, on_token=write)
+            generate(model, [prompt], args.max_new_tokens, **options, rows=[index], on_token=write)  # samples as row `index` of a batch
             stream.write(b"\n", final=True)
         return 0
     started = time.perf_counter()
-    samples = generate(model, prompts, args.max_new_tokens, **options)
+    samples = generate(model, prompts, args.max_new_tokens, **options, progress=True)
     cached_seconds = time.perf_counter() - started
     shown = [printable(text.encode() + rule.cut(tokenizer.decode(new.tolist()))) for text, new in zip(texts, samples, strict=True)]
     print("\n---\n".join(shown))
@@ -649,7 +662,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv
     try:
-        return args.handler(args)
+        with warnings.catch_warnings():  # a warning is one line, as errors are
+            warnings.showwarning = lambda message, *_: print(f"tokenmix {args.command}: warning: {message}", file=sys.stderr)
+            return args.handler(args)
     except UsageError as error:
         parser.exit(2, f"tokenmix {args.command}: error: {error}\n")
     except KeyboardInterrupt:

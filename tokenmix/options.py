@@ -14,15 +14,34 @@ from collections.abc import Callable, Iterable
 POSITIONAL = ("self", "dim", "causal")  # given by the caller, never options
 
 
+# The annotations a given option's value is checked against (a union of these, written "int | None"); others are
+# checked by the constructor itself.
+_SIMPLE_TYPES = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,), "None": (type(None),)}
+
+
+def check_option_type(name: str, value, annotation) -> None:
+    """ValueError unless ``value`` fits ``annotation`` when it is a union of bool, int, float, str and None
+    (a bool is not a number here: ``causal="no"`` or ``decay=True`` are refused, not read as truthy)."""
+    parts = [part.strip() for part in annotation.split("|")] if isinstance(annotation, str) else []
+    if not parts or any(part not in _SIMPLE_TYPES for part in parts):
+        return
+    accepted = [kind for part in parts for kind in _SIMPLE_TYPES[part]]
+    fits = any(isinstance(value, kind) and (kind is bool or not isinstance(value, bool)) for kind in accepted)
+    if not fits:
+        raise ValueError(f"option {name} must be {' or '.join(parts)}, got {value!r} ({type(value).__name__})")
+
+
 def take_options(function: Callable, options: dict, skip: Iterable[str] = POSITIONAL) -> tuple[dict, dict]:
-    """(own, rest): ``function``'s keyword arguments, taken from ``options`` or else its defaults,
-    and the options it does not take (to be forwarded, or refused)."""
+    """(own, rest): ``function``'s keyword arguments, taken from ``options`` (type-checked against the
+    annotation, ``check_option_type``) or else its defaults, and the options it does not take (to be
+    forwarded, or refused)."""
     own, rest = {}, dict(options)
     for name, parameter in inspect.signature(function).parameters.items():
         if name in skip or parameter.kind in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL, parameter.POSITIONAL_ONLY):
             continue
         if name in rest:
             own[name] = rest.pop(name)
+            check_option_type(name, own[name], parameter.annotation)
         elif parameter.default is not parameter.empty:
             own[name] = parameter.default
     return own, rest

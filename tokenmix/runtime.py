@@ -1,4 +1,4 @@
-"""Process-wide CPU setting: keep freed large blocks in the heap for reuse (glibc).
+"""Process-wide CPU settings: torch's thread count, and keeping freed large blocks in the heap for reuse (glibc).
 
 glibc serves every allocation above its mmap threshold (at most 32 MB by default) with a fresh
 ``mmap`` and returns it on free, so each large temporary of a long-sequence step is page-faulted in
@@ -14,6 +14,9 @@ import ctypes
 import ctypes.util
 import os
 import sys
+import warnings
+
+import torch
 
 ENVIRONMENT_VARIABLE = "TOKENMIX_RETAIN_FREED_MEMORY"
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
@@ -30,3 +33,20 @@ def retain_freed_memory() -> bool:
     except (OSError, AttributeError):  # not glibc
         return False
     return bool(mallopt(_M_MMAP_THRESHOLD, _LARGEST_HEAP_BLOCK)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask; ``os.cpu_count()`` where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def set_threads(threads: int) -> None:
+    """``torch.set_num_threads``, with a warning when ``threads`` exceeds the CPUs this process may use:
+    threads beyond them take turns on the same cores and slow every operation down."""
+    cpus = available_cpus()
+    if threads > cpus:
+        warnings.warn(f"--threads {threads} exceeds the {cpus} CPUs this process may use: the extra threads slow it down", stacklevel=2)
+    torch.set_num_threads(threads)

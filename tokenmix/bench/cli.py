@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import platform
 import shlex
+import sys
 from pathlib import Path
 
 import torch
@@ -16,13 +17,13 @@ from ..files import write_json_atomic, write_text_atomic
 from ..mixers.registry import list_mixers
 from ..models.registry import list_models
 from ..progress import progress_bar
-from ..runtime import retain_freed_memory
+from ..runtime import retain_freed_memory, set_threads
 from ..table import format_table
 from ..version import source_revision
 from .cases import CASE_KINDS, DTYPES, GENERATE_KINDS, KINDS, MIXER_KINDS, TRAINING_KINDS, Case, batch_for, supports
 from .measure import measure
 from .records import failed_measurement
-from .report import comparison_rows, markdown_report, sections, table_columns, write_plots
+from .report import comparison_rows, condition_differences, markdown_report, sections, table_columns, write_plots
 from .worker import run_in_subprocess
 
 FULL = {
@@ -220,7 +221,7 @@ def run_bench(args) -> int:
         device = resolve_device(args.device)
         args.device = str(device)  # the cases (and their worker processes) get the resolved name, not "auto"
         cases = bench_cases(args)
-        torch.set_num_threads(args.threads)
+        set_threads(args.threads)
         check_output_path(args.output, "--output")
         check_output_path(args.report, "--report")
         check_output_path(args.plot, "--plot", directory=True)
@@ -283,11 +284,14 @@ def read_records(path: str) -> list[dict]:
 
 def run_compare(args) -> int:
     with user_input():
-        rows = comparison_rows(read_records(args.before), read_records(args.after))
+        before, after = read_records(args.before), read_records(args.after)
+        rows = comparison_rows(before, after)
         if not rows:
             raise ValueError(
                 "the two files share no comparable case: the same kind, name, direction and length, measured at the same "
                 "dim, batch, dtype and device"
             )
+    for line in condition_differences(before, after):
+        print(f"tokenmix compare: warning: {line}: the speed-ups mix this change with the code's", file=sys.stderr)
     print(format_table(rows, list(rows[0])))
     return 0

@@ -375,6 +375,22 @@ def profile_sections(records: list[dict]) -> list[str]:
 
 
 COMPARED_SETTINGS = ("dim", "batch", "dtype", "device")  # must agree where both records have them
+CONDITIONS = ("threads", "device", "dtype", "torch", "retain_freed_memory")  # what a speed-up depends on besides the code
+
+
+def condition_differences(before: list[dict], after: list[dict]) -> list[str]:
+    """A line per measuring condition on which the two runs differ (thread count, device, dtype, torch
+    version, allocator setting): a speed-up between them mixes that change with the code's."""
+
+    def values(records: list[dict], field: str) -> str:
+        return ", ".join(sorted({str(record.get(field)) for record in records if field in record})) or "not recorded"
+
+    lines = []
+    for field in CONDITIONS:
+        old, new = values(before, field), values(after, field)
+        if old != new:
+            lines.append(f"{field} differs: before {old}; after {new}")
+    return lines
 
 
 def comparison_rows(before: list[dict], after: list[dict]) -> list[dict]:

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ..ops.activations import get_activation
-from ..validation import check_int
+from ..validation import check_number
 
 
 class Activation(nn.Module):
@@ -27,6 +27,7 @@ class Activation(nn.Module):
 class Ffn(nn.Sequential):
     """The Transformer FFN (GELU in Transformer-XL, SiLU in MEGA's normalized FFN)."""
 
-    def __init__(self, dim: int, expand: int = 4, activation: str = "gelu", dropout: float = 0.0):
-        check_int(expand, "ffn_expand")
-        super().__init__(nn.Linear(dim, expand * dim), Activation(activation), nn.Dropout(dropout), nn.Linear(expand * dim, dim))
+    def __init__(self, dim: int, expand: float = 4, activation: str = "gelu", dropout: float = 0.0):
+        check_number(expand, "ffn_expand", 0, open_minimum=True)
+        inner = max(1, round(expand * dim))  # Transformer-XL base: d_inner 2100 at d 410, expand 2100 / 410
+        super().__init__(nn.Linear(dim, inner), Activation(activation), nn.Dropout(dropout), nn.Linear(inner, dim))

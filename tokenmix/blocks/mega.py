@@ -82,7 +82,7 @@ class MegaBlock(StreamingBlock, Configurable, nn.Module):
         chunk_size: int | None = 128,
         position: str = "rotary",
         max_distance: int | None = None,
-        ffn_expand: int = 2,
+        ffn_expand: float = 2,
         dropout: float = 0.0,
         tcn_depth: int | None = None,
         **mixer_options,

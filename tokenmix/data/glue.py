@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from .provenance import note_read
+
 __all__ = ["GLUE_TASKS", "GlueData", "GlueSplit", "load_glue"]
 
 
@@ -157,8 +159,12 @@ def _rows(path: Path) -> list[tuple[int, list[str]]]:
     """(1-based line number, fields) of each line; a final empty line is dropped."""
     # MRPC's release files start with a byte order mark; lines end in "\n" or "\r\n", and a lone "\r"
     # stays inside its field (no universal newlines).
-    with path.open(encoding="utf-8-sig", newline="") as file:
-        text = file.read()
+    note_read(path)
+    try:
+        with path.open(encoding="utf-8-sig", newline="") as file:
+            text = file.read()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"glue: {path} is not a readable UTF-8 TSV file: {error}") from None
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from .provenance import note_read
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -44,6 +46,7 @@ class Layout:
 
     def open(self, path: Path, mode: str = "rb", **options):
         """``open(path, mode, **options)``; ValueError naming the file when it cannot be opened."""
+        note_read(path)
         try:
             return open(path, mode, **options)
         except OSError as error:

@@ -63,8 +63,10 @@ class Mixer(Configurable, nn.Module):
     def __init__(self, dim: int, causal: bool):
         super().__init__()
         check_int(dim, "dim")
+        if not isinstance(causal, bool):
+            raise ValueError(f"causal must be True or False, got {causal!r}")
         self.dim = dim
-        self.causal = bool(causal)
+        self.causal = causal
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.checked_mix(x, mask)

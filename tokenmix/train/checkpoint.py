@@ -108,6 +108,9 @@ def check_resumable(state: dict, path) -> None:
     total = state.get("total_steps")
     if total is not None and (isinstance(total, bool) or not isinstance(total, int)):
         raise ValueError(f"checkpoint {str(path)!r}: 'total_steps' must be an int or None, got {type(total).__name__}")
+    files = state.get("data_files")
+    if files is not None and not (isinstance(files, dict) and all(isinstance(entry, dict) for entry in files.values())):
+        raise ValueError(f"checkpoint {str(path)!r}: 'data_files' must map file names to their sizes and digests")
     segments = state.get("segment_states")
     if segments is not None and not isinstance(segments, list):
         raise ValueError(f"checkpoint {str(path)!r}: 'segment_states' must be a list, got {type(segments).__name__}")

@@ -4,24 +4,39 @@
 one token per call: each row's remaining prompt tokens are fed as given, and once a row's prompt
 is used up its next token is chosen from the logits (greedy at temperature 0, else sampled with
 top-k / top-p). Rows that have all their tokens or hit their stop leave the batch
-(``state.select``). ``naive_generate`` re-runs the whole sequence for every token: the reference
-the tests hold ``generate`` to.
+(``state.select``). Each row samples from its own generator, seeded from (seed, row), and draws
+only for its own new tokens, so what a row samples does not depend on the other prompts, the
+batch size, or streaming one prompt at a time. ``naive_generate`` re-runs the whole sequence for
+every token: the reference the tests hold ``generate`` to.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 from ..data.corpus import BYTE_VOCAB
 from ..data.tokenizer import Tokenizer, byte_tokenizer
+from ..progress import progress_bar
 from ..validation import check_int, check_number
 
 Stop = int | str | Sequence[int] | None
 
 
-def _check_options(model, prompts, max_new_tokens, temperature, top_k, top_p) -> list[torch.Tensor]:
+def check_sampling(temperature, top_k, top_p, seed) -> None:
+    """ValueError naming the argument unless the sampling options are valid (every generation path checks them)."""
+    check_number(temperature, "temperature (0 means greedy)", minimum=0)
+    if top_k is not None:
+        check_int(top_k, "top_k")
+    if top_p is not None:
+        check_number(top_p, "top_p", minimum=0, maximum=1, open_minimum=True)
+    if seed is not None:
+        check_int(seed, "seed", minimum=0)
+
+
+def _check_options(model, prompts, max_new_tokens, rows) -> tuple[list[torch.Tensor], list[int]]:
     if model.config.task != "lm":
         raise ValueError(f"generate needs a model with task='lm', got task={model.config.task!r}")
     if isinstance(prompts, torch.Tensor) or not isinstance(prompts, (list, tuple)) or not prompts:
@@ -30,12 +45,15 @@ def _check_options(model, prompts, max_new_tokens, temperature, top_k, top_p) ->
         if not isinstance(prompt, torch.Tensor) or prompt.dim() != 1 or prompt.numel() < 1 or prompt.is_floating_point():
             raise ValueError(f"prompts[{index}] must be a non-empty 1-D tensor of token ids")
     check_int(max_new_tokens, "max_new_tokens", minimum=0)
-    check_number(temperature, "temperature (0 means greedy)", minimum=0)
-    if top_k is not None:
-        check_int(top_k, "top_k")
-    if top_p is not None:
-        check_number(top_p, "top_p", minimum=0, maximum=1, open_minimum=True)
-    return list(prompts)
+    rows = list(range(len(prompts))) if rows is None else list(rows)
+    if len(rows) != len(prompts) or any(isinstance(row, bool) or not isinstance(row, int) or row < 0 for row in rows):
+        raise ValueError(f"rows must be one non-negative row number per prompt ({len(prompts)}), got {rows!r}")
+    return list(prompts), rows
+
+
+def row_generator(seed: int, row: int) -> torch.Generator:
+    """The sampling generator of row ``row`` under ``seed``: seeded from the pair (numpy's SeedSequence mixes them)."""
+    return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, row]).generate_state(1, np.uint64)[0] >> 1))
 
 
 def stop_ids(stop: Stop, vocab_size: int) -> list[int] | None:
@@ -85,11 +103,14 @@ class StopRule:
 
 
 def choose_tokens(
-    logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator | None
+    logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None, generators: Sequence[torch.Generator | None]
 ) -> torch.Tensor:
     """One token per row of logits (rows, vocab): the argmax at temperature 0, else a sample from
     softmax(logits / temperature) restricted to the top_k most likely and the smallest set whose
-    probability reaches top_p (nucleus sampling, Holtzman et al. 2020)."""
+    probability reaches top_p (nucleus sampling, Holtzman et al. 2020), drawn with each row's own
+    generator (None: torch's global one)."""
+    if logits.shape[0] == 0:
+        return torch.zeros(0, dtype=torch.long, device=logits.device)
     logits = logits.float()
     if temperature == 0:
         return logits.argmax(dim=-1)
@@ -103,7 +124,8 @@ def choose_tokens(
         ordered = ordered.masked_fill(before >= top_p, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, ordered)
     probabilities = torch.softmax(logits, dim=-1).cpu()
-    return torch.multinomial(probabilities, 1, generator=generator)[:, 0].to(logits.device)
+    drawn = [torch.multinomial(row, 1, generator=generator) for row, generator in zip(probabilities, generators, strict=True)]
+    return torch.cat(drawn).to(logits.device)
 
 
 @torch.no_grad()
@@ -117,21 +139,26 @@ def generate(
     top_p: float | None = None,
     stop: Stop = None,
     seed: int | None = None,
+    rows: Sequence[int] | None = None,
     segment_length: int | None = None,
     on_token: Callable[[int, int], None] | None = None,
     tokenizer: Tokenizer | None = None,
+    progress: bool = False,
 ) -> list[torch.Tensor]:
     """The new token ids of each prompt (1-D id tensors of any lengths), decoded with the model's state.
 
     ``stop``: a token id or a list of ids that ends a row (its ids end with them), or a string: the
     row ends with the token that completes it in the decoded text (``StopRule``; ``tokenizer``
-    decodes, bytes by default). ``seed`` fixes the sampling. ``segment_length``: the segment of XL
-    models' memory (default: none, the whole stream is one segment). ``on_token(row, id)`` is
-    called for every new token as it is chosen (streaming output).
+    decodes, bytes by default). ``seed`` fixes the sampling: prompt i samples with the generator of
+    (seed, rows[i]) (``rows`` default 0, 1, ...), so a prompt generated alone with ``rows=[i]`` gets
+    what it gets as row i of a batch. ``segment_length``: the segment of XL models' memory (default:
+    none, the whole stream is one segment). ``on_token(row, id)`` is called for every new token as
+    it is chosen (streaming output); ``progress`` shows a bar of the tokens made.
     """
-    prompts = _check_options(model, prompts, max_new_tokens, temperature, top_k, top_p)
+    prompts, rows = _check_options(model, prompts, max_new_tokens, rows)
+    check_sampling(temperature, top_k, top_p, seed)
     stop = StopRule(stop, model.config.vocab_size, tokenizer)
-    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    generators = [None if seed is None else row_generator(seed, row) for row in rows]
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -140,28 +167,33 @@ def generate(
     shared = min(lengths)
     state = model.init_state(len(prompts), device, max_length=max(lengths) + max_new_tokens, segment_length=segment_length)
     logits, state = model(torch.stack([prompt[:shared] for prompt in prompts]).to(device), state=state, return_state=True)
-    rows, position = list(range(len(prompts))), shared  # rows still in the batch; tokens read so far
-    while rows and max_new_tokens:
-        chosen = choose_tokens(logits[:, -1], temperature, top_k, top_p, generator).tolist()
+    active, position = list(range(len(prompts))), shared  # prompts still in the batch; tokens read so far
+    bar = progress_bar(total=len(prompts) * max_new_tokens, unit="token", desc="generating", disable=not progress)
+    while active and max_new_tokens:
+        sampling = [slot for slot, index in enumerate(active) if position >= lengths[index]]  # rows past their prompt
+        picks = choose_tokens(logits[sampling, -1], temperature, top_k, top_p, [generators[active[slot]] for slot in sampling])
+        chosen = dict(zip(sampling, picks.tolist(), strict=True))
         inputs, kept = [], []
-        for slot, row in enumerate(rows):
-            if position < lengths[row]:
-                inputs.append(int(prompts[row][position]))  # still reading this row's prompt
-            else:
-                new[row].append(chosen[slot])
+        for slot, index in enumerate(active):
+            if slot in chosen:
+                new[index].append(chosen[slot])
                 inputs.append(chosen[slot])
                 if on_token is not None:
-                    on_token(row, chosen[slot])
-            if len(new[row]) < max_new_tokens and not stop.reached(new[row]):
+                    on_token(index, chosen[slot])
+            else:
+                inputs.append(int(prompts[index][position]))  # still reading this row's prompt
+            if len(new[index]) < max_new_tokens and not stop.reached(new[index]):
                 kept.append(slot)
-        if len(kept) < len(rows):
-            rows = [rows[slot] for slot in kept]
-            if not rows:
+        bar.update(len(chosen))
+        if len(kept) < len(active):
+            active = [active[slot] for slot in kept]
+            if not active:
                 break
             state = state.select(kept)
             inputs = [inputs[slot] for slot in kept]
         logits, state = model(torch.tensor(inputs, device=device)[:, None], state=state, return_state=True)
         position += 1
+    bar.close()
     model.train(was_training)
     return [torch.tensor(ids, dtype=torch.long) for ids in new]
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from ..data.batches import StreamBatches, step_generator, step_seed
+from ..data.provenance import data_changes, record_reads
 from ..data.sources import DataSource, load_data
 from ..data.tokenizer import TOKENIZER_FILE, Tokenizer, parse_tokenizer_spec
 from ..devices import resolve_device
@@ -33,6 +34,7 @@ from ..models.model import ModelState, SequenceModel
 from ..models.pretrained import load_weights, save_pretrained
 from ..models.registry import resolve_model_options
 from ..progress import progress_bar
+from ..runtime import set_threads
 from ..state import StreamState
 from ..validation import check_int, check_number, set_finite_checks
 from .checkpoint import (
@@ -55,6 +57,7 @@ from .runs import METRICS_FILE, MODEL_DIRECTORY, check_directory, claim_director
 from .schedule import SCHEDULES, lr_multiplier
 
 TRAIN_TASKS = ("lm", "mlm", "classify")
+DEFAULT_WARMUP = 50  # steps of linear warmup when none is given: the demo's 50 of 450, so a ninth of shorter runs
 CALIBRATION_STEPS = 5
 TIME_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -96,7 +99,7 @@ class TrainConfig:
     minutes: float | None = None
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
-    warmup: int = 50
+    warmup: int | None = None  # None: DEFAULT_WARMUP steps, a ninth of a shorter run (``Trainer.warmup_steps``)
     schedule: str = "cosine"
     weight_decay: float = 0.1
     beta1: float = 0.9
@@ -132,7 +135,14 @@ class TrainConfig:
             raise ValueError("give exactly one of steps and minutes (a time budget)")
         for name in ("dim", "depth", "seq_len", "batch_size", "eval_every", "eval_tokens"):
             check_int(getattr(self, name), name)
-        check_int(self.warmup, "warmup", minimum=0)
+        if self.warmup is not None:
+            check_int(self.warmup, "warmup", minimum=0)
+            if self.steps is not None and 0 < self.steps <= self.warmup:
+                raise ValueError(
+                    f"warmup ({self.warmup}) must be below steps ({self.steps}): the learning rate would still be rising at the "
+                    f"last step and never reach lr. Give a shorter warmup, or leave it out (default: {DEFAULT_WARMUP} steps, "
+                    "a ninth of a shorter run)"
+                )
         check_int(self.seed, "seed", minimum=0)
         if self.steps is not None:
             check_int(self.steps, "steps")
@@ -227,12 +237,13 @@ class Trainer:
         progress: bool = True,
         overwrite: bool = False,
         pretrained: Pretrained | None = None,
+        allow_data_change: bool = False,
     ):
         self.config = config
         self.out = Path(config.out)
         self.progress = progress
         if config.threads:
-            torch.set_num_threads(config.threads)
+            set_threads(config.threads)
         if config.check_finite:
             set_finite_checks(True)
         self.device = resolve_device(config.device)
@@ -256,7 +267,10 @@ class Trainer:
         # the embedding rows a fine-tuned model keeps from its pretrained one (and a resumed one from itself)
         self.initial_vocab = saved["model_config"]["vocab_size"] if saved else self.pretrained and self.pretrained.config.vocab_size
         # fails before any training on a bad path; a BPE is learnt (or read from the cache) here
-        self.data: DataSource = load_data(config.data, config.seq_len, config.seed, tokenizer, progress=progress)
+        with record_reads() as reads:
+            self.data: DataSource = load_data(config.data, config.seq_len, config.seed, tokenizer, progress=progress)
+        self.data_files = reads.fingerprints()  # kept in checkpoints: a resume on changed files is refused
+        self.allow_data_change = allow_data_change
         self.objective = objective_for(self.data, config.task, config.seed)
         checkpoint = self._check_resume(saved) if resume else None
         # A resumed model is rebuilt from the checkpoint's resolved config, so defaults that changed since do not touch it.
@@ -315,9 +329,16 @@ class Trainer:
         return fields
 
     # schedule -----------------------------------------------------------------------------
+    @property
+    def warmup_steps(self) -> int:
+        """``--warmup``, or by default ``DEFAULT_WARMUP`` steps, shortened to a ninth of a shorter run."""
+        if self.config.warmup is not None:
+            return self.config.warmup
+        return DEFAULT_WARMUP if self.total_steps is None else min(DEFAULT_WARMUP, self.total_steps // 9)
+
     def _multiplier(self, step: int) -> float:
-        total = self.total_steps or max(step + 1, self.config.warmup + 1)
-        return lr_multiplier(step, total, self.config.warmup, self.config.schedule, self.config.min_lr_ratio)
+        total = self.total_steps or max(step + 1, self.warmup_steps + 1)
+        return lr_multiplier(step, total, self.warmup_steps, self.config.schedule, self.config.min_lr_ratio)
 
     # state ----------------------------------------------------------------------------------
     def state(self) -> dict:
@@ -333,6 +354,7 @@ class Trainer:
             "resumes": self.resumes,
             "rng": rng_state(),
             "tokenizer": None if self.tokenizer is None else self.tokenizer.to_json(),
+            "data_files": self.data_files,
         }
 
     def _load_checkpoint(self) -> dict:
@@ -360,7 +382,22 @@ class Trainer:
                 f"give --steps > {state['step']} (or a longer --minutes) to train further"
             )
         state["changes"] = changes
+        self._check_data_files(state)
         return state
+
+    def _check_data_files(self, state: dict) -> None:
+        """ValueError naming every data file that differs from the checkpoint's record of it (size, SHA-256),
+        unless ``allow_data_change``; the change is then noted in the run's resume history."""
+        saved = state.get("data_files")
+        changes = [] if saved is None else data_changes(saved, self.data_files)  # None: written before files were recorded
+        if changes and not self.allow_data_change:
+            raise ValueError(
+                f"--resume: the data of {self.config.data!r} changed since the checkpoint ({'; '.join(changes[:5])}"
+                f"{'; ...' if len(changes) > 5 else ''}): the run would go on with other data. Restore the files, or pass "
+                "--allow-data-change to continue on the new data"
+            )
+        if changes:
+            state["changes"]["data_files"] = changes
 
     def _resolved_options(self, options: dict) -> dict | None:
         """Every model option the run's settings with these ``options`` resolve to (None if they resolve to no model)."""
@@ -502,6 +539,11 @@ class Trainer:
                 if self.total_steps is None and len(step_seconds) == CALIBRATION_STEPS:
                     self._calibrate(sum(step_seconds) / len(step_seconds))
                     bar.total = self.total_steps
+                    if self.warmup_steps >= self.total_steps:
+                        bar.write(
+                            f"warning: --warmup {self.warmup_steps} reaches past the {self.total_steps} steps the time budget "
+                            "allows: the learning rate will not reach --lr. Lower --warmup or raise --minutes"
+                        )
                 tokens *= self.context.world_size  # ranks draw batches alike in size
                 trained_tokens += tokens
                 rate = tokens / elapsed

@@ -31,8 +31,12 @@ def recipe(name: str) -> Recipe:
     return _RECIPES[name]
 
 
-def apply_recipe(name: str | None, given: dict) -> dict:
-    """``given`` TrainConfig values over those of recipe ``name`` (None: ``given`` alone); options merged."""
+def apply_recipe(name: str | None, given: dict, notes: list[str] | None = None) -> dict:
+    """``given`` TrainConfig values over those of recipe ``name`` (None: ``given`` alone); options merged.
+
+    A recipe's warmup follows a ``steps`` given over its own (the same fraction of the run) unless
+    ``warmup`` is given too; ``notes`` (a list) receives a line saying so.
+    """
     if name is None:
         return dict(given)
     settings = recipe(name).settings
@@ -45,6 +49,14 @@ def apply_recipe(name: str | None, given: dict) -> dict:
     merged = {**settings, **given, "recipe": name}
     if options:
         merged["options"] = options
+    scaled = given.get("steps") is not None and settings.get("steps") and settings.get("warmup") and "warmup" not in given
+    if scaled:
+        merged["warmup"] = settings["warmup"] * given["steps"] // settings["steps"]
+        if notes is not None:
+            notes.append(
+                f"recipe {name}: warmup {settings['warmup']} of its {settings['steps']} steps scaled to {merged['warmup']} "
+                f"of --steps {given['steps']} (give --warmup to set it)"
+            )
     return merged
 
 
@@ -172,8 +184,13 @@ def _transformer_recipes() -> None:
     for task, row in TRANSFORMER_LRA.items():
         values = _table(TRANSFORMER_COLUMNS, row)
         options = {key: values.pop(key) for key in ("heads", "ffn_expand")}
+        description = f"Transformer on LRA {task}"
+        if values["warmup"] >= values["steps"]:  # retrieval: 8000 warmup steps of 5000, so the rate ramps for the whole run
+            values["lr"] *= (values["steps"] - 1) / values["warmup"]  # the same ramp ends at this peak
+            description += f" (their warmup of {values['warmup']} outlasts the run: the same ramp over {values['steps'] - 1} steps)"
+            values["warmup"] = values["steps"] - 1
         common = dict(task="classify", data=LRA_DATA[task], min_lr_ratio=0.0, beta2=0.98, **values)
-        _add(f"lra-{task}-transformer", f"Transformer on LRA {task}", TRANSFORMER_SOURCE, model="transformer", options=options, **common)
+        _add(f"lra-{task}-transformer", description, TRANSFORMER_SOURCE, model="transformer", options=options, **common)
 
 
 # --- ListOps at CPU scale: every model with the same data, size, optimizer and time budget (docs/lra.md) ---
