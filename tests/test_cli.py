@@ -103,6 +103,14 @@ def test_generate_without_top_k_and_with_control_bytes_escaped(run, capsys):
     assert printable(b"ok\n\tx\x07\x00") == "ok\n\tx\\x07\\x00"
 
 
+def test_sampled_text_is_the_same_streamed_or_batched(run, capsys):
+    prompts = ["--prompt", "To", "--prompt", "be, or", "--temperature", "1.0", "--seed", "7", "--max-new-tokens", "30", "--threads", "1"]
+    assert main(["generate", str(run), *prompts]) == 0
+    batched = capsys.readouterr().out
+    assert main(["generate", str(run), *prompts, "--stream"]) == 0
+    assert capsys.readouterr().out == batched and batched.count("\n---\n") == 1
+
+
 def test_compare_refuses_a_file_that_is_not_a_bench_output(run, tmp_path, capsys):
     (tmp_path / "eval.json").write_text(json.dumps({"results": []}))
     (tmp_path / "list.json").write_text(json.dumps([{"length": 1}]))

@@ -85,3 +85,13 @@ def test_recipes_command_lists_and_shows(capsys):
     assert main(["recipes", "lra-image-tnn"]) == 0
     shown = capsys.readouterr().out
     assert "OpenNLPLab/lra" in shown and "-o axis_mixer=tno" in shown
+
+
+def test_a_recipes_warmup_follows_a_shorter_run_and_says_so():
+    notes = []
+    settings = apply_recipe("lra-listops-tnn", {"steps": 300}, notes)
+    assert settings["warmup"] == 10 and settings["steps"] == 300  # 1000 of 30000 steps
+    assert notes == ["recipe lra-listops-tnn: warmup 1000 of its 30000 steps scaled to 10 of --steps 300 (give --warmup to set it)"]
+    assert apply_recipe("lra-listops-tnn", {"steps": 300, "warmup": 20})["warmup"] == 20
+    with pytest.raises(ValueError, match=r"warmup \(200\) must be below steps \(100\)"):
+        TrainConfig(**apply_recipe("listops-cpu-tnn", {"steps": 100, "minutes": None}))  # a time budget: no step count to scale by

@@ -176,6 +176,21 @@ def test_greedy_cached_generation_equals_recompute_and_batching_changes_nothing(
 
 
 @pytest.mark.parametrize("name", LM_MODELS)
+def test_a_rows_sample_depends_on_the_seed_and_its_row_only(name):
+    """Each row samples from the generator of (seed, row) and draws only for its own new tokens. Fails if the
+    rows share one generator, or a row draws while it still reads its prompt (its prompt length would shift it)."""
+    network = model(name).double()
+    prompts = [torch.randint(0, 20, (size,)) for size in (3, 11, 1)]
+    options = {"temperature": 1.0, "top_k": 12, "top_p": 0.95, "seed": 5}
+    batched = tokenmix.generate(network, prompts, 25, **options)
+    for row, prompt in enumerate(prompts):
+        assert torch.equal(tokenmix.generate(network, [prompt], 25, **options, rows=[row])[0], batched[row])
+    assert all(map(torch.equal, tokenmix.generate(network, prompts[1:], 25, **options, rows=[1, 2]), batched[1:]))
+    other_seed = tokenmix.generate(network, prompts, 25, **{**options, "seed": 6})
+    assert not all(map(torch.equal, other_seed, batched))  # the seed matters
+
+
+@pytest.mark.parametrize("name", LM_MODELS)
 def test_a_model_state_moves_selects_rows_and_reports_its_size(name):
     network = model(name).double().eval()
     tokens = torch.randint(0, 20, (3, 12))

@@ -263,3 +263,20 @@ def test_a_task_the_data_cannot_learn_is_refused_before_the_data_is_read(tmp_pat
     monkeypatch.setattr("tokenmix.train.loop.load_data", never)
     with pytest.raises(ValueError, match=f"is a {kind} task"):
         Trainer(TrainConfig(data=source, task=task, out=str(tmp_path / "run")), progress=False)
+
+
+def test_warmup_at_or_past_the_last_step_is_refused_and_the_default_scales(text_file, tmp_path):
+    with pytest.raises(ValueError, match=r"warmup \(10\) must be below steps \(10\)"):
+        tiny_config(text_file, tmp_path / "w", steps=10, warmup=10)
+    for steps, warmup in ((2, 0), (18, 2), (450, 50), (9000, 50)):  # 50 steps, or a ninth of a shorter run
+        trainer = Trainer(tiny_config(text_file, tmp_path / f"d{steps}", steps=steps), progress=False)
+        assert trainer.warmup_steps == warmup
+    assert Trainer(tiny_config(text_file, tmp_path / "e", steps=18, warmup=5), progress=False).warmup_steps == 5
+
+
+def test_threads_beyond_the_cpus_warn(text_file, tmp_path):
+    from tokenmix.runtime import available_cpus
+
+    with pytest.warns(UserWarning, match=f"--threads {available_cpus() + 1} exceeds the {available_cpus()} CPUs"):
+        Trainer(tiny_config(text_file, tmp_path / "t", threads=available_cpus() + 1), progress=False)
+    torch.set_num_threads(available_cpus())

@@ -32,7 +32,7 @@ from .table import format_table
 from .train.checkpoint import load_checkpoint, model_from_checkpoint
 from .train.evaluate import SCORES, describe
 from .train.finetune import FROM_PRETRAINED, finetune_settings, read_pretrained
-from .train.generate import StopRule, generate, naive_generate
+from .train.generate import StopRule, check_sampling, generate, naive_generate
 from .train.loop import DEFAULT_WARMUP, TrainConfig, Trainer, TrainingDiverged, TrainingInterrupted
 from .train.objectives import objective_class, objective_for
 from .train.recipes import apply_recipe, list_recipes, recipe
@@ -437,7 +437,8 @@ def run_transformers_generate(args) -> int:
         texts = args.prompt or [DEMO_PROMPT]
         if any(not text for text in texts):
             raise ValueError("--prompt must not be empty")
-    options = {"temperature": args.temperature, "top_k": args.top_k or None, "top_p": args.top_p, "seed": args.seed}
+        options = {"temperature": args.temperature, "top_k": args.top_k or None, "top_p": args.top_p, "seed": args.seed}
+        check_sampling(**options)
     samples, seconds = transformers_generate(args.checkpoint, texts, args.max_new_tokens, **options)
     print("\n---\n".join(printable(text.encode() + tokenizer.decode(new)) for text, new in zip(texts, samples, strict=True)))
     print(f"transformers: {_speed(sum(map(len, samples)), seconds)}", file=sys.stderr)
@@ -462,6 +463,7 @@ def run_generate(args) -> int:
             raise ValueError("--stop must not be empty")
         if args.check and args.temperature != 0:
             raise ValueError("--check compares greedy decoding: use it with --temperature 0")
+        check_sampling(args.temperature, args.top_k or None, args.top_p, args.seed)
         prompts = [tokenizer.encode(text).long() for text in texts]
         if any(prompt.numel() == 0 for prompt in prompts):
             raise ValueError("--prompt: a prompt encodes to no tokens")
@@ -478,7 +480,7 @@ def run_generate(args) -> int:
     if args.stream:
         for index, (text, prompt) in enumerate(zip(texts, prompts, strict=True)):
             stream = TextStream(rule)
-            stream.write(("" if index == 0 else "\n---\n").encode() + text.encode())
+            stream.write(("" if index == 0 else "---\n").encode() + text.encode())  # the last sample ended its line
             write = lambda _row, token, out=stream: out.write_sample(tokenizer.token_bytes[token])  # noqa: E731
             generate(model, [prompt], args.max_new_tokens, **options, rows=[index], on_token=write)  # samples as row `index` of a batch
             stream.write(b"\n", final=True)

@@ -8,12 +8,16 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ..train.generate import check_sampling
+
 
 def transformers_generate(
     directory, texts: list[str], max_new_tokens: int, *, temperature: float, top_k: int | None, top_p: float | None, seed: int
 ) -> tuple[list[list[int]], float]:
     """The new token ids of each prompt (greedy at temperature 0, else sampled, seeded) and the
-    seconds ``generate()`` took."""
+    seconds ``generate()`` took. Sampling uses transformers' own random draws (seeded once through
+    torch), so its samples differ from ``tokenmix.generate``'s per-row generators."""
+    check_sampling(temperature, top_k, top_p, seed)
     model = AutoModelForCausalLM.from_pretrained(directory).eval()
     tokenizer = AutoTokenizer.from_pretrained(directory)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0  # left padding is masked: any id will do

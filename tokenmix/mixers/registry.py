@@ -40,4 +40,6 @@ def resolve_mixer_options(name: str, options: dict, dim: int) -> dict:
 
 def build_mixer(name: str, dim: int, causal: bool = False, **options) -> nn.Module:
     """Build a registered mixer: (batch, length, dim) -> (batch, length, dim)."""
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
     return mixer_class(name)(dim, causal, **resolve_mixer_options(name, options, dim))
