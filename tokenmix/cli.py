@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from .cli_args import check_output_path, integer, number, parse_lengths, parse_option
 from .data.sources import load_data
 from .data.tokenizer import Tokenizer
 from .errors import UsageError, user_input
+from .fields import Choice, Existing, Integer, KeyValue, Lengths, Number, Output, Text, check_output_path
 from .files import write_json_atomic
 from .mixers.registry import list_mixers
 from .models.registry import list_models
@@ -33,7 +33,7 @@ from .train.checkpoint import load_checkpoint, model_from_checkpoint
 from .train.evaluate import SCORES, describe
 from .train.finetune import FROM_PRETRAINED, finetune_settings, read_pretrained
 from .train.generate import StopRule, check_sampling, generate, naive_generate
-from .train.loop import DEFAULT_WARMUP, TrainConfig, Trainer, TrainingDiverged, TrainingInterrupted
+from .train.loop import DEVICE, TrainConfig, Trainer, TrainingDiverged, TrainingInterrupted
 from .train.objectives import objective_class, objective_for
 from .train.recipes import apply_recipe, list_recipes, recipe
 from .version import __version__, source_revision
@@ -41,45 +41,15 @@ from .version import __version__, source_revision
 DEMO_PROMPT = "ROMEO.\n"
 INTERRUPTED_STATUS = 130
 
-TRAIN_HELP = {
-    "model": f"model name: {', '.join(list_models())}",
-    "task": "lm (causal language model), mlm (masked LM, bidirectional) or classify (one label per example: ListOps, LRA)",
-    "data": "shakespeare (embedded), a .txt file or directory, bytes:FILE (enwik8 layout), wikitext:DIR, assoc-recall[:vocab=V], "
-    "listops[:DIR][:key=value...], lra-text:DIR, lra-retrieval:DIR, lra-image:DIR, lra-pathfinder:DIR (docs/lra.md)",
-    "dim": "model width",
-    "depth": "number of layers",
-    "seq_len": "training sequence length in tokens",
-    "batch_size": "sequences per step (per process)",
-    "steps": f"optimizer steps ({TrainConfig.steps} unless --minutes is given)",
-    "minutes": "a time budget instead of --steps: the step count is fixed from the pace of the run (docs/training.md)",
-    "lr": "peak learning rate (AdamW)",
-    "min_lr_ratio": "final learning rate of the cosine or linear schedule, as a fraction of the peak",
-    "warmup": f"linear warmup steps (default: {DEFAULT_WARMUP}, a ninth of a shorter run)",
-    "schedule": "cosine or linear (to --min-lr-ratio at the last step), inverse_sqrt or constant, after the warmup",
-    "weight_decay": "AdamW weight decay of weight matrices (kernel parameters are exempt: docs/training.md)",
-    "beta1": "AdamW beta1",
-    "beta2": "AdamW beta2",
-    "grad_clip": "clip the gradient norm to this value (0: no clipping)",
-    "dropout": "dropout probability in every block",
-    "seed": "seed of the initialisation, the batches and dropout",
-    "threads": "torch CPU threads (default: torch's choice)",
-    "eval_every": "validate every this many steps, on --eval-tokens tokens (checkpoints follow --save-every)",
-    "eval_tokens": "validation tokens of each periodic evaluation (the final one uses the whole split)",
-    "save_every": "write checkpoint.pt every N steps (e.g. 200) or every time T (e.g. 10m, 90s); also at the end and on Ctrl-C/SIGTERM",
-    "check_finite": "debug: every mixer refuses NaN/Inf inputs, which an FFT would spread to earlier positions",
-    "device": "auto (CUDA when available), cpu, cuda or cuda:N",
-    "out": "run directory: checkpoint.pt, metrics.jsonl, model/",
-    "pool": "classification: mean of the real tokens' final states, or first or last (that real token's)",
-    "tokenizer": "text: bytes, bpe:VOCAB (a byte-level BPE learnt from the training split, cached) or a tokenizer.json file "
-    "(docs/language.md)",
-    "init": "start from the weights of this pretrained run (fine-tuning; `tokenmix finetune` sets it)",
-    "recipe": "a named preset (`tokenmix recipes` lists them); flags given beside it override its values",
-}
+THREADS = Integer(1)
+DEVICE_HELP = TrainConfig.__dataclass_fields__["device"].metadata["help"]
+RUN = Existing("a checkpoint.pt or its run directory")
+OPTION = KeyValue("KEY=VALUE")
 
 
 def _add_threads_and_device(parser, device_default: str = "cpu") -> None:
-    parser.add_argument("--threads", type=integer(1), default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--device", default=device_default, help=f"{TRAIN_HELP['device']} (default: {device_default})")
+    parser.add_argument("--threads", type=THREADS, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--device", type=DEVICE, default=device_default, help=f"{DEVICE_HELP} (default: {device_default})")
 
 
 def _use_threads(args) -> None:
@@ -88,22 +58,22 @@ def _use_threads(args) -> None:
 
 
 def _add_run_flags(parser, defaults: TrainConfig, skipped: tuple[str, ...] = ()) -> None:
-    """A flag per TrainConfig field (but ``skipped``), -o options, --resume / --overwrite."""
+    """A flag per TrainConfig field (but ``skipped``) with its kind and help, -o options, --resume / --overwrite."""
     for spec in fields(TrainConfig):
         if spec.name == "options" or spec.name in skipped:
             continue
         flag = f"--{spec.name.replace('_', '-')}"
-        default = getattr(defaults, spec.name)
-        help_text = TRAIN_HELP[spec.name] + ("" if default is None else f" (default: {default})")
-        if spec.type == "bool":
-            parser.add_argument(flag, action="store_true", default=None, help=TRAIN_HELP[spec.name])
+        kind, help_text = spec.metadata["kind"], spec.metadata["help"]
+        if kind is None:  # a switch
+            parser.add_argument(flag, action="store_true", default=None, help=help_text)
             continue
-        kind = {"int": int, "float": float}.get(str(spec.type).split(" | ")[0], str)
-        parser.add_argument(flag, type=kind, default=None, help=help_text)
+        default = getattr(defaults, spec.name)
+        shown = "" if default is None else f" (default: {default})"
+        parser.add_argument(flag, type=kind, default=None, help=help_text + kind.listing() + shown)
     parser.add_argument(
         "-o",
         "--option",
-        type=parse_option,
+        type=OPTION,
         action="append",
         default=[],
         metavar="KEY=VALUE",
@@ -122,7 +92,7 @@ def _add_run_flags(parser, defaults: TrainConfig, skipped: tuple[str, ...] = ())
 def _add_train(subparsers) -> None:
     parser = subparsers.add_parser("train", help="train a model (defaults: the TNN char-LM demo on Shakespeare)")
     _add_run_flags(parser, TrainConfig())
-    parser.add_argument("--sample-tokens", type=integer(0), default=300, help="length of the sample printed after training (0: none)")
+    parser.add_argument("--sample-tokens", type=Integer(0), default=300, help="length of the sample printed after training (0: none)")
     parser.set_defaults(handler=run_train)
 
 
@@ -145,7 +115,11 @@ def _add_finetune(subparsers) -> None:
     parser = subparsers.add_parser(
         "finetune", help="fine-tune a pretrained masked-LM run on a classification task (GLUE: --data glue-sst2:DIR)"
     )
-    parser.add_argument("pretrained", help="a run directory (or checkpoint.pt, or save_pretrained directory) trained with --task mlm")
+    parser.add_argument(
+        "pretrained",
+        type=Existing("a pretrained run"),
+        help="a run directory (or checkpoint.pt, or save_pretrained directory) trained with --task mlm",
+    )
     _add_run_flags(parser, replace(TrainConfig(), **FINETUNE_DEFAULTS), skipped=(*FROM_PRETRAINED, "recipe"))
     parser.set_defaults(handler=run_finetune, sample_tokens=0)
 
@@ -240,19 +214,21 @@ def _add_eval(subparsers) -> None:
     parser = subparsers.add_parser(
         "eval", help="loss / BPC of checkpoints at one or more lengths; accuracy of recall and classification runs"
     )
-    parser.add_argument("checkpoint", nargs="+", help="checkpoint.pt or its run directory; several give one table")
+    parser.add_argument("checkpoint", nargs="+", type=RUN, help="checkpoint.pt or its run directory; several give one table")
     parser.add_argument(
         "--split",
         action="append",
-        choices=["train", "val", "test"],
+        type=Choice(["train", "val", "test"]),
         help="data split, repeatable (default: test; classification runs: val and test)",
     )
     parser.add_argument(
-        "--lengths", type=parse_lengths, default=None, help="comma-separated, e.g. 512,1024,2048,4096 (default: the training length)"
+        "--lengths", type=Lengths(), default=None, help="comma-separated, e.g. 512,1024,2048,4096 (default: the training length)"
     )
-    parser.add_argument("--batch-size", type=integer(1), default=8, help="windows per forward pass (default: 8)")
-    parser.add_argument("--max-tokens", type=integer(1), default=None, help="evaluate only the first N tokens of the split")
-    parser.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON (folders are created)")
+    parser.add_argument("--batch-size", type=Integer(1), default=8, help="windows per forward pass (default: 8)")
+    parser.add_argument("--max-tokens", type=Integer(1), default=None, help="evaluate only the first N tokens of the split")
+    parser.add_argument(
+        "--json", type=Output("a JSON file to write", folder=False), default=None, metavar="FILE", help="also write the results as JSON"
+    )
     _add_threads_and_device(parser)
     parser.set_defaults(handler=run_eval)
 
@@ -359,19 +335,28 @@ def run_eval(args) -> int:
 
 def _add_generate(subparsers) -> None:
     parser = subparsers.add_parser("generate", help="sample text from a causal LM checkpoint (cached: one step per token)")
-    parser.add_argument("checkpoint", help="checkpoint.pt or its run directory")
+    parser.add_argument("checkpoint", type=RUN, help="checkpoint.pt or its run directory (with --transformers: an export-hf folder)")
     parser.add_argument(
-        "--prompt", action="append", help="text a sample continues; repeat for several, decoded as one batch (default: the demo's 'ROMEO.')"
+        "--prompt",
+        action="append",
+        type=Text("a prompt"),
+        help="text a sample continues; repeat for several, decoded as one batch (default: the demo's 'ROMEO.')",
     )
-    parser.add_argument("--max-new-tokens", type=integer(0), default=200, help="tokens to add to each prompt, any number (default: 200)")
-    parser.add_argument("--temperature", type=number(0), default=0.8, help="sampling temperature; 0 is greedy (default: 0.8)")
-    parser.add_argument("--top-k", type=integer(0), default=40, help="sample among the k most likely tokens; 0 turns it off (default: 40)")
+    parser.add_argument("--max-new-tokens", type=Integer(0), default=200, help="tokens to add to each prompt, any number (default: 200)")
+    parser.add_argument("--temperature", type=Number(0), default=0.8, help="sampling temperature; 0 is greedy (default: 0.8)")
+    parser.add_argument("--top-k", type=Integer(0), default=40, help="sample among the k most likely tokens; 0 turns it off (default: 40)")
     parser.add_argument(
-        "--top-p", type=number(0, open_minimum=True), help="sample among the most likely tokens that hold this probability, in (0, 1]"
+        "--top-p",
+        type=Number(0, 1, open_minimum=True),
+        help="sample among the most likely tokens that hold this probability, in (0, 1]",
     )
-    parser.add_argument("--stop", help="text that ends a sample, kept at its end (\\n stands for a newline, \\t for a tab)")
+    parser.add_argument(
+        "--stop", type=Text("a stop text"), help="text that ends a sample, kept at its end (\\n stands for a newline, \\t for a tab)"
+    )
     parser.add_argument("--stream", action="store_true", help="print text as it is produced (several prompts: one after another)")
-    parser.add_argument("--seed", type=integer(0), default=0, help="seed of the sampling (default: 0)")
+    parser.add_argument(
+        "--seed", type=Integer(0), default=0, help="seed of the sampling: prompt i samples with the generator of (seed, i) (default: 0)"
+    )
     parser.add_argument(
         "--check",
         action="store_true",
@@ -514,10 +499,12 @@ def _check_against_recompute(model, prompts, samples, max_new_tokens: int, stop,
 
 def _add_plot(subparsers) -> None:
     parser = subparsers.add_parser("plot", help="PNG pictures: random FD responses (no RUN), or a trained run's Toeplitz operators")
-    parser.add_argument("run", nargs="?", help="checkpoint.pt or its run directory; without it: random FD RPEs")
-    parser.add_argument("--out", default="plots", help="output directory, created (default: plots)")
-    parser.add_argument("--length", type=integer(1), default=256, help="sequence length of the pictured operators (default: 256)")
-    parser.add_argument("--channel", type=integer(0), help="channel pictured in a run's operator heatmaps (default: 0)")
+    parser.add_argument("run", nargs="?", type=RUN, help="checkpoint.pt or its run directory; without it: random FD RPEs")
+    parser.add_argument(
+        "--out", type=Output("a folder for the pictures", folder=True), default="plots", help="output directory, created (default: plots)"
+    )
+    parser.add_argument("--length", type=Integer(1), default=256, help="sequence length of the pictured operators (default: 256)")
+    parser.add_argument("--channel", type=Integer(0), help="channel pictured in a run's operator heatmaps (default: 0)")
     parser.set_defaults(handler=run_plot)
 
 
@@ -548,8 +535,10 @@ def _add_export_hf(subparsers) -> None:
     parser = subparsers.add_parser(
         "export-hf", help="write a run for Hugging Face transformers: config.json, model.safetensors, tokenizer (docs/hf.md)"
     )
-    parser.add_argument("checkpoint", help="checkpoint.pt or its run directory")
-    parser.add_argument("out", help="the folder to write (refused if it holds files, unless --overwrite)")
+    parser.add_argument("checkpoint", type=RUN, help="checkpoint.pt or its run directory")
+    parser.add_argument(
+        "out", type=Output("a folder to write", folder=True), help="the folder to write (refused if it holds files, unless --overwrite)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="write into a folder that holds files")
     parser.set_defaults(handler=run_export_hf)
 
@@ -560,6 +549,7 @@ def run_export_hf(args) -> int:
             from . import hf
         except ImportError as error:
             raise ValueError(str(error)) from None
+        check_output_path(args.out, "out", directory=True)
         model, train_config, tokenizer = model_from_checkpoint(args.checkpoint)
         segment_length = train_config["seq_len"] if model.recurrent else None  # XL: the segments it was trained on
         directory = hf.export(model, args.out, tokenizer, segment_length=segment_length, overwrite=args.overwrite)
@@ -570,7 +560,7 @@ def run_export_hf(args) -> int:
 
 def _add_recipes(subparsers) -> None:
     parser = subparsers.add_parser("recipes", help="the presets of `tokenmix train --recipe NAME`, with their sources")
-    parser.add_argument("name", nargs="?", help="one recipe: every value it sets, as train flags")
+    parser.add_argument("name", nargs="?", type=Choice(list_recipes), help="one recipe: every value it sets, as train flags")
     parser.set_defaults(handler=run_recipes)
 
 
@@ -604,7 +594,7 @@ def _add_convert_checkpoint(subparsers) -> None:
         "convert-checkpoint",
         help="rewrite a checkpoint of tokenmix 0.2 or earlier (pickled objects) in today's format, which loads without running code",
     )
-    parser.add_argument("checkpoint", help="checkpoint.pt or its run directory (the original is kept as checkpoint.pt.format1)")
+    parser.add_argument("checkpoint", type=RUN, help="checkpoint.pt or its run directory (the original is kept as checkpoint.pt.format1)")
     parser.add_argument(
         "--trust",
         action="store_true",

@@ -6,6 +6,16 @@ import os
 
 import torch
 
+DEVICE_NAMES = "'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'"
+
+
+def check_device_name(name: str) -> str:
+    """``name`` if it spells a device tokenmix accepts (whether it is present is ``resolve_device``'s question)."""
+    kind, colon, index = name.partition(":")
+    if name == "auto" or (kind in ("cpu", "cuda", "mps") and (not colon or (kind == "cuda" and index.isdigit()))):
+        return name
+    raise ValueError(f"device must be {DEVICE_NAMES}, got {name!r}")
+
 
 def resolve_device(name) -> torch.device:
     """A usable torch.device; ValueError naming the accepted values when it is unknown or absent here.

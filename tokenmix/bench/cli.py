@@ -10,15 +10,16 @@ from pathlib import Path
 
 import torch
 
-from ..cli_args import check_output_path, integer, number, parse_lengths, parse_names, parse_option
 from ..devices import resolve_device
 from ..errors import user_input
+from ..fields import Choice, Existing, Integer, KeyValue, Lengths, Names, Number, Output, check_output_path
 from ..files import write_json_atomic, write_text_atomic
 from ..mixers.registry import list_mixers
 from ..models.registry import list_models
 from ..progress import progress_bar
 from ..runtime import retain_freed_memory, set_threads
 from ..table import format_table
+from ..train.loop import DEVICE
 from ..version import source_revision
 from .cases import CASE_KINDS, DTYPES, GENERATE_KINDS, KINDS, MIXER_KINDS, TRAINING_KINDS, Case, batch_for, supports
 from .measure import measure
@@ -52,20 +53,20 @@ def add_bench(subparsers) -> None:
     parser = subparsers.add_parser("bench", help="time and memory of mixers, layers and models against the FFT floor")
     parser.add_argument(
         "--mixers",
-        type=parse_names,
+        type=Names(list_mixers),
         default=None,
         help=f"comma-separated mixer names (default: all: {', '.join(list_mixers())}); the 2-D mixers lay each length on a "
         "near-square grid (a square one for square lengths: 1024 tokens as 32 x 32)",
     )
     parser.add_argument(
         "--models",
-        type=parse_names,
+        type=Names(list_models),
         default=None,
         help="models whose layer and whole model are timed, and decoded by --kinds generate (default: all; generate: the causal LM ones)",
     )
     parser.add_argument(
         "--kinds",
-        type=parse_names,
+        type=Names(KINDS),
         default=None,
         help="any of mixer,layer,model,generate (default: mixer,layer,model; --quick: mixer,model); generate: decoding by every "
         "causal LM model (depth 4, batch 1) at positions --lengths, cached step against recompute, and by the tno mixer token "
@@ -73,44 +74,44 @@ def add_bench(subparsers) -> None:
     )
     parser.add_argument(
         "--lengths",
-        type=parse_lengths,
+        type=Lengths(),
         default=None,
         help="sequence lengths (default: 512,2048,8192; --quick: 1024), and the positions of --kinds generate "
         "(default: 256,1024,4096,16384; --quick: 256,1024)",
     )
     parser.add_argument(
         "--stream-lengths",
-        type=parse_lengths,
+        type=Lengths(),
         default=None,
         help="tokens the mixer decodes one by one in --kinds generate (default: 4096,16384,65536; --quick: 4096)",
     )
     parser.add_argument(
         "--recompute-max",
-        type=integer(1),
+        type=Integer(1),
         default=8192,
         help="--kinds generate: recompute the whole prefix only at positions up to this (default: 8192); above it, skipped",
     )
     parser.add_argument(
         "--direct-max-seconds",
-        type=number(0, open_minimum=True),
+        type=Number(0, open_minimum=True),
         default=600.0,
         help="--kinds generate: stop the mixer's direct product after this many seconds and record how far it got (default: 600)",
     )
     parser.add_argument(
         "--dim",
-        type=integer(1),
+        type=Integer(1),
         default=None,
         help="mixer channels, also of the mixer decoded by --kinds generate (default 1536, the GTU width of a 512-dim TNN; --quick: 384)",
     )
-    parser.add_argument("--model-dim", type=integer(1), default=None, help="width of the layers and models (default 512; --quick: 128)")
-    parser.add_argument("--batch-tokens", type=integer(1), default=4096, help="batch = max(1, batch_tokens // length) (default: 4096)")
-    parser.add_argument("--causal", choices=["both", "yes", "no"], default="both", help="directions measured (default: both)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="dtype of modules and inputs (default: float32)")
-    parser.add_argument("--device", default="cpu", help="auto (CUDA when available), cpu or cuda[:N] (default: cpu)")
+    parser.add_argument("--model-dim", type=Integer(1), default=None, help="width of the layers and models (default 512; --quick: 128)")
+    parser.add_argument("--batch-tokens", type=Integer(1), default=4096, help="batch = max(1, batch_tokens // length) (default: 4096)")
+    parser.add_argument("--causal", type=Choice(["both", "yes", "no"]), default="both", help="directions measured (default: both)")
+    parser.add_argument("--dtype", type=Choice(sorted(DTYPES)), default="float32", help="dtype of modules and inputs (default: float32)")
+    parser.add_argument("--device", type=DEVICE, default="cpu", help="auto (CUDA when available), cpu or cuda[:N] (default: cpu)")
     parser.add_argument(
-        "--repeats", type=integer(1), default=None, help="timed repeats after 2 warm-up calls; the median is kept (default: 7; --quick: 3)"
+        "--repeats", type=Integer(1), default=None, help="timed repeats after 2 warm-up calls; the median is kept (default: 7; --quick: 3)"
     )
-    parser.add_argument("--threads", type=integer(1), default=torch.get_num_threads(), help="torch CPU threads (default: all cores)")
+    parser.add_argument("--threads", type=Integer(1), default=torch.get_num_threads(), help="torch CPU threads (default: all cores)")
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -120,7 +121,7 @@ def add_bench(subparsers) -> None:
         "-o",
         "--option",
         action="append",
-        type=parse_option,
+        type=KeyValue("KEY=VALUE"),
         default=[],
         metavar="KEY=VALUE",
         help="an option for every benchmarked mixer (layer, model), e.g. -o path=sparse; NAME.KEY=VALUE for one name only",
@@ -130,9 +131,23 @@ def add_bench(subparsers) -> None:
         action="store_true",
         help="also record the operators taking most of one training step (torch.profiler) per case of mixer, layer, model",
     )
-    parser.add_argument("--output", default=None, metavar="FILE.json", help="write the records as JSON, updated after every case")
-    parser.add_argument("--plot", default=None, metavar="DIR", help="write PNG plots into DIR")
-    parser.add_argument("--report", default=None, metavar="FILE.md", help="write a Markdown report (tables, plots, reading)")
+    parser.add_argument(
+        "--output",
+        type=Output("a JSON file to write", folder=False),
+        default=None,
+        metavar="FILE.json",
+        help="write the records as JSON, updated after every case",
+    )
+    parser.add_argument(
+        "--plot", type=Output("a folder for the plots", folder=True), default=None, metavar="DIR", help="write PNG plots into DIR"
+    )
+    parser.add_argument(
+        "--report",
+        type=Output("a Markdown file to write", folder=False),
+        default=None,
+        metavar="FILE.md",
+        help="write a Markdown report (tables, plots, reading)",
+    )
     parser.set_defaults(handler=run_bench)
 
 
@@ -258,8 +273,8 @@ def run_bench(args) -> int:
 
 def add_compare(subparsers) -> None:
     parser = subparsers.add_parser("compare", help="compare two `tokenmix bench --output` JSON files (before, after)")
-    parser.add_argument("before", help="JSON of the earlier measurement")
-    parser.add_argument("after", help="JSON of the later measurement")
+    parser.add_argument("before", type=Existing("a bench JSON file"), help="JSON of the earlier measurement")
+    parser.add_argument("after", type=Existing("a bench JSON file"), help="JSON of the later measurement")
     parser.set_defaults(handler=run_compare)
 
 

@@ -19,7 +19,7 @@ import math
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -28,15 +28,16 @@ from ..data.batches import StreamBatches, step_generator, step_seed
 from ..data.provenance import data_changes, record_reads
 from ..data.sources import DataSource, load_data
 from ..data.tokenizer import TOKENIZER_FILE, Tokenizer, parse_tokenizer_spec
-from ..devices import resolve_device
+from ..devices import check_device_name, resolve_device
+from ..fields import Choice, Existing, Integer, Number, Output, Parsed, check_settings, setting
 from ..models.config import POOLS, ModelConfig
 from ..models.model import ModelState, SequenceModel
 from ..models.pretrained import load_weights, save_pretrained
-from ..models.registry import resolve_model_options
+from ..models.registry import list_models, resolve_model_options
 from ..progress import progress_bar
 from ..runtime import set_threads
 from ..state import StreamState
-from ..validation import check_int, check_number, set_finite_checks
+from ..validation import set_finite_checks
 from .checkpoint import (
     CHECKPOINT_FILE,
     check_resumable,
@@ -52,7 +53,7 @@ from .evaluate import describe
 from .finetune import Pretrained, load_initial_weights, read_pretrained
 from .objectives import check_task, objective_for
 from .optim import build_optimizer
-from .recipes import recipe
+from .recipes import list_recipes
 from .runs import METRICS_FILE, MODEL_DIRECTORY, check_directory, claim_directory, clean_stale, resume_changes, truncate_metrics
 from .schedule import SCHEDULES, lr_multiplier
 
@@ -84,81 +85,83 @@ def parse_interval(text: str) -> tuple[int | None, float | None]:
     return (None, amount * TIME_UNITS[unit]) if unit else (int(amount), None)
 
 
+DATA_HELP = (
+    "shakespeare (embedded), a .txt file or directory, bytes:FILE (enwik8 layout), wikitext:DIR, glue-TASK:DIR, "
+    "assoc-recall[:vocab=V], listops[:DIR][:key=value...], shapes[:size=N], lra-text:DIR, lra-retrieval:DIR, lra-image:DIR, "
+    "lra-pathfinder:DIR (docs/lra.md, docs/language.md)"
+)
+DATA = Parsed("a data source", str, ["/no/such/corpus.txt", "listops:no_such_option=1", "wikitext:/no/such/folder", "assoc-recall:vocab=0"])
+TOKENIZER = Parsed("bytes, bpe:VOCAB or a tokenizer.json file", parse_tokenizer_spec, ["bpe:1", "bpe:x", "/no/such/tokenizer.json"])
+INTERVAL = Parsed("a step count or a time (90s, 10m, 2h)", lambda text: parse_interval(text), ["soon", "0", "-5m", "10x"])
+DEVICE = Parsed("auto, cpu, cuda, cuda:N or mps", check_device_name, ["tpu", "cuda:x", "cuda:-1"])
+BETA = Number(0, 1, open_maximum=True)  # Adam's betas lie in [0, 1)
+
+
 @dataclass
 class TrainConfig:
-    """Every knob of a run; the defaults are the README demo (TNN char LM on Shakespeare)."""
+    """Every knob of a run; the defaults are the README demo (TNN char LM on Shakespeare). Each field's
+    kind checks it here and reads its ``tokenmix train`` flag (``tokenmix.fields``)."""
 
-    model: str = "tnn"
-    task: str = "lm"
-    data: str = "shakespeare"
-    dim: int = 128
-    depth: int = 4
-    seq_len: int = 512
-    batch_size: int = 16
-    steps: int | None = 450
-    minutes: float | None = None
-    lr: float = 3e-3
-    min_lr_ratio: float = 0.1
-    warmup: int | None = None  # None: DEFAULT_WARMUP steps, a ninth of a shorter run (``Trainer.warmup_steps``)
-    schedule: str = "cosine"
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.98
-    grad_clip: float = 1.0
-    dropout: float = 0.0
-    seed: int = 0
-    threads: int | None = None
-    eval_every: int = 150
-    eval_tokens: int = 32768
-    save_every: str = "5m"
-    check_finite: bool = False
-    device: str = "auto"
-    out: str = "runs/demo"
-    pool: str = "mean"
-    tokenizer: str = "bytes"
-    init: str | None = None
-    recipe: str | None = None
-    options: dict = field(default_factory=dict)
+    model: str = setting("tnn", Choice(list_models), "model name")
+    task: str = setting("lm", Choice(TRAIN_TASKS), "lm (causal language model), mlm (masked LM, bidirectional) or classify "
+                        "(one label per example: ListOps, LRA, GLUE)")  # fmt: skip
+    data: str = setting("shakespeare", DATA, DATA_HELP)
+    dim: int = setting(128, Integer(1), "model width")
+    depth: int = setting(4, Integer(1), "number of layers")
+    seq_len: int = setting(512, Integer(1), "training sequence length in tokens")
+    batch_size: int = setting(16, Integer(1), "sequences per step (per process)")
+    steps: int | None = setting(450, Integer(1, optional=True), "optimizer steps (450 unless --minutes is given)")
+    minutes: float | None = setting(
+        None, Number(0, open_minimum=True, optional=True), "a time budget instead of --steps: the step count follows the run's pace"
+    )
+    lr: float = setting(3e-3, Number(0, open_minimum=True), "peak learning rate (AdamW)")
+    min_lr_ratio: float = setting(0.1, Number(0, 1), "final learning rate of the cosine or linear schedule, as a fraction of the peak")
+    warmup: int | None = setting(
+        None, Integer(0, optional=True), f"linear warmup steps (default: {DEFAULT_WARMUP}, a ninth of a shorter run)"
+    )  # None: ``Trainer.warmup_steps``
+    schedule: str = setting(
+        "cosine", Choice(SCHEDULES), "cosine or linear (to --min-lr-ratio at the last step), inverse_sqrt or constant, after the warmup"
+    )
+    weight_decay: float = setting(0.1, Number(0), "AdamW weight decay of weight matrices (kernel parameters are exempt)")
+    beta1: float = setting(0.9, BETA, "AdamW beta1")
+    beta2: float = setting(0.98, BETA, "AdamW beta2")
+    grad_clip: float = setting(1.0, Number(0), "clip the gradient norm to this value (0: no clipping)")
+    dropout: float = setting(0.0, Number(0, 1), "dropout probability in every block")
+    seed: int = setting(0, Integer(0), "seed of the initialisation, the batches and dropout")
+    threads: int | None = setting(None, Integer(1, optional=True), "torch CPU threads (default: torch's choice)")
+    eval_every: int = setting(150, Integer(1), "validate every this many steps, on --eval-tokens tokens")
+    eval_tokens: int = setting(32768, Integer(1), "validation tokens of each periodic evaluation (the final one uses the whole split)")
+    save_every: str = setting(
+        "5m", INTERVAL, "write checkpoint.pt every N steps (e.g. 200) or every time T (e.g. 10m, 90s); also at the end and on Ctrl-C"
+    )
+    check_finite: bool = setting(False, None, "debug: every mixer refuses NaN/Inf inputs, which an FFT would spread to earlier positions")
+    device: str = setting("auto", DEVICE, "auto (CUDA when available), cpu, cuda or cuda:N")
+    out: str = setting("runs/demo", Output("a folder for the run", folder=True), "run directory: checkpoint.pt, metrics.jsonl, model/")
+    pool: str = setting("mean", Choice(POOLS), "classification: mean of the real tokens' final states, or first or last (that token's)")
+    tokenizer: str = setting("bytes", TOKENIZER, "text: bytes, bpe:VOCAB (a byte-level BPE learnt from the training split) or a "
+                             "tokenizer.json file")  # fmt: skip
+    init: str | None = setting(
+        None, Existing("a pretrained run", optional=True), "start from the weights of this pretrained run (`tokenmix finetune` sets it)"
+    )
+    recipe: str | None = setting(
+        None,
+        Choice(list_recipes, optional=True, listed=False),
+        "a named preset (`tokenmix recipes` lists them); flags beside it override its values",
+    )
+    options: dict = setting(None, None, "model and mixer options", factory=dict)
 
     def __post_init__(self):
-        if self.task not in TRAIN_TASKS:
-            raise ValueError(f"task must be one of {list(TRAIN_TASKS)} for training, got {self.task!r}")
-        if self.pool not in POOLS:
-            raise ValueError(f"pool must be one of {list(POOLS)}, got {self.pool!r}")
+        check_settings(self)
         if self.pool != "mean" and self.task != "classify":
             raise ValueError(f"pool shapes a classifier's head: use it with task 'classify', not {self.task!r}")
-        if self.recipe is not None:
-            recipe(self.recipe)  # ValueError naming the known ones
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {list(SCHEDULES)}, got {self.schedule!r}")
         if (self.steps is None) == (self.minutes is None):
             raise ValueError("give exactly one of steps and minutes (a time budget)")
-        for name in ("dim", "depth", "seq_len", "batch_size", "eval_every", "eval_tokens"):
-            check_int(getattr(self, name), name)
-        if self.warmup is not None:
-            check_int(self.warmup, "warmup", minimum=0)
-            if self.steps is not None and 0 < self.steps <= self.warmup:
-                raise ValueError(
-                    f"warmup ({self.warmup}) must be below steps ({self.steps}): the learning rate would still be rising at the "
-                    f"last step and never reach lr. Give a shorter warmup, or leave it out (default: {DEFAULT_WARMUP} steps, "
-                    "a ninth of a shorter run)"
-                )
-        check_int(self.seed, "seed", minimum=0)
-        if self.steps is not None:
-            check_int(self.steps, "steps")
-        if self.minutes is not None:
-            check_number(self.minutes, "minutes", 0, open_minimum=True)
-        if self.threads is not None:
-            check_int(self.threads, "threads")
-        check_number(self.lr, "lr", 0, open_minimum=True)
-        check_number(self.min_lr_ratio, "min_lr_ratio", 0, 1)
-        check_number(self.weight_decay, "weight_decay", 0)
-        check_number(self.grad_clip, "grad_clip (0 turns clipping off)", 0)
-        check_number(self.dropout, "dropout", 0, 1)
-        for name in ("beta1", "beta2"):
-            check_number(getattr(self, name), name, 0, 1, open_maximum=True)  # Adam's betas lie in [0, 1)
-        parse_interval(self.save_every)
-        parse_tokenizer_spec(self.tokenizer)
+        if self.warmup is not None and self.steps is not None and 0 < self.steps <= self.warmup:
+            raise ValueError(
+                f"warmup ({self.warmup}) must be below steps ({self.steps}): the learning rate would still be rising at the "
+                f"last step and never reach lr. Give a shorter warmup, or leave it out (default: {DEFAULT_WARMUP} steps, "
+                "a ninth of a shorter run)"
+            )
         if self.init is not None and self.task == "lm":
             raise ValueError("init starts a run from a pretrained model's weights to fine-tune it on a task: use it with task 'classify'")
         if not isinstance(self.options, dict):

@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 from ..data.tokenizer import TOKENIZER_FILE
+from ..fields import check_writable
 from ..files import remove_stale_temporaries, write_text_atomic
 from .checkpoint import CHECKPOINT_FILE
 
@@ -31,6 +32,7 @@ def check_directory(out: Path, overwrite: bool) -> None:
     """ValueError if ``out`` is a file, or holds a run and ``overwrite`` is False (read only: every rank may ask)."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} is a file; give a folder for the run")
+    check_writable(out, f"--out {str(out)!r}")
     found = existing_run_files(out)
     if found and not overwrite:
         raise ValueError(
