@@ -1,15 +1,22 @@
-"""Contracts held over the registries: what padding leaves alone.
+"""Two contracts held over the registries: what padding leaves alone, and that no cache outlives its weights.
 
 Padding: a row padded on a side its mixers declare (``padding_invariant_sides``) gives at its real
 tokens (and, in a classifier, in its pooled summaries and class logits) the outputs of the row
 alone. On an undeclared side what holds is that the padding's content does not matter; and there
 the row alone does differ, so a declaration is as wide as the operator allows.
+
+Caches: the Toeplitz mixers keep their spectrum in eval mode (``SpectrumCache``) and their decoding
+taps (``ToeplitzStreaming._tile_kernels``), keyed by the parameters' storage and version. After the
+weights change in place (an optimizer step, ``load_state_dict``, a dtype round trip), the eval
+forward equals that of a freshly built twin with the new weights, and a fresh stream that forward.
 """
 
 import pytest
 import torch
-from conftest import relative_error
+import torch.nn.functional as F
+from conftest import random_chunks, relative_error
 from test_contracts import DIM, MODEL_TASKS, MODES, mixer, model
+from test_streaming import TOLERANCE, model_step, prompt_then_tokens, streamed
 
 from tokenmix.mixers.base import PADDING_SIDES
 from tokenmix.models.config import POOLS
@@ -98,3 +105,83 @@ def test_model_padding_leaves_a_row_as_alone_on_the_sides_its_mixers_declare(nam
     of TCN models with tcn.py's convolutions no longer zeroing padding); or if a block answers wrongly for its parts."""
     net = model(name, task, **options).double().eval()
     assert_padding_as_declared(model_views(net), net.padding_invariant_sides, side, lambda n: torch.randint(0, 20, (1, n)))
+
+
+# --- caches after the weights change -------------------------------------------------------------
+HORIZON = 131  # every stream's max_length, odd: each stream is compared with the forward over all of it
+STREAMS = ((7, random_chunks), (33, prompt_then_tokens), (HORIZON, random_chunks))  # their lags cross the tap cache's 64, 128, 256
+WEIGHTED_MODES = [(name, causal) for name, causal in MODES if list(mixer(name, causal).parameters())]
+
+
+def adamw_step(net, build) -> None:
+    torch.optim.AdamW(net.parameters(), lr=0.05).step()
+
+
+CHANGES = (  # each changes the weights of the same Parameter objects, under filled caches
+    ("an AdamW step", adamw_step),
+    ("load_state_dict of other weights", lambda net, build: net.load_state_dict(build().state_dict())),
+    ("to(torch.float64)", lambda net, build: net.to(torch.float64)),
+    ("an AdamW step in float64", adamw_step),
+    ("to(torch.float32)", lambda net, build: net.to(torch.float32)),
+)
+
+
+def assert_no_stale_cache(net, build, inputs, stepper, when: str) -> None:
+    """The eval forward equals that of a fresh twin with net's weights, and so do fresh streams through
+    ``stepper(net)`` (None: net does not stream); running them fills net's caches for the next change."""
+    dtype = next(net.parameters()).dtype
+    x, step = inputs(dtype), stepper(net)
+    twin = build().to(dtype).eval()
+    twin.load_state_dict(net.state_dict())
+    with torch.no_grad():
+        expected = twin(x)
+        error = relative_error(net(x), expected)
+        assert error <= TOLERANCE[dtype], f"eval forward {when}: relative error {error:.3g}"
+        for length, chunking in STREAMS if step else ():
+            state = net.init_state(x.shape[0], dtype=dtype, max_length=HORIZON)
+            error = relative_error(streamed(step, x[:, :length], chunking(length), state)[0], expected[:, :length])
+            assert error <= TOLERANCE[dtype], f"stream of {length} tokens {when}: relative error {error:.3g}"
+
+
+def assert_weight_changes_reach_every_cache(build, inputs, loss, stepper) -> None:
+    """``inputs(dtype)``: a batch for a module of that dtype; ``loss(net, inputs)``: a training loss."""
+    net = build().eval()
+    for label, change in CHANGES:
+        net.zero_grad(set_to_none=True)
+        loss(net.train(), inputs(next(net.parameters()).dtype)).backward()  # a training forward drops the eval caches...
+        assert_no_stale_cache(net.eval(), build, inputs, stepper, f"before {label}")  # ...which this fills again
+        change(net, build)
+        assert_no_stale_cache(net, build, inputs, stepper, f"after {label}")
+
+
+@pytest.mark.parametrize(("name", "causal"), WEIGHTED_MODES)
+def test_mixer_caches_follow_weights_changed_in_place(name, causal):
+    """Fails if ``p._version`` leaves the key of ``ToeplitzStreaming._tile_kernels`` (after an AdamW step a stream
+    applies the old taps) or of ``SpectrumCache`` (the eval forward applies the old spectrum)."""
+    x = torch.randn(2, HORIZON, DIM)
+    assert_weight_changes_reach_every_cache(
+        lambda: mixer(name, causal),
+        lambda dtype: x.to(dtype),
+        lambda net, x: F.mse_loss(net(x), x.roll(1, dims=1)),  # learn to repeat the previous input
+        lambda net: net.step if net.causal else None,
+    )
+
+
+def cross_entropy(net, tokens: torch.Tensor) -> torch.Tensor:
+    """The model's logits (next or masked tokens, or classes) against labels drawn once."""
+    logits = net(tokens)
+    labels = torch.randint(0, logits.shape[-1], logits.shape[:-1], generator=torch.Generator().manual_seed(0))
+    return F.cross_entropy(logits.flatten(0, -2), labels.flatten())
+
+
+@pytest.mark.parametrize(("name", "task"), MODEL_TASKS)
+def test_model_caches_follow_weights_changed_in_place(name, task):
+    """Fails as the mixers' test does, through the blocks: stale taps show in an LM's stream, a stale
+    spectrum in the eval forward of every task."""
+    tokens = torch.randint(0, 20, (2, HORIZON))
+    assert_weight_changes_reach_every_cache(
+        lambda: model(name, task),
+        lambda dtype: tokens,
+        cross_entropy,
+        lambda net: model_step(net) if net.config.task == "lm" else None,
+    )
