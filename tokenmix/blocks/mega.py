@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..mixers.attention import AttentionCache, RelativePosition, cached_attention, empty_cache, relative_reach
+from ..mixers.attention import AttentionCache, RelativePosition, cached_attention, chunk_padding_sides, empty_cache, relative_reach
 from ..mixers.registry import build_mixer, mixer_class
 from ..ops.attention import chunked_attention
 from ..options import Configurable, merge_options, take_options
@@ -55,6 +55,11 @@ class GatedAttention:
     def __init__(self, position: RelativePosition, chunk_size: int | None, causal: bool, key_width: int, value_width: int):
         self.position, self.chunk_size, self.causal = position, chunk_size, causal
         self.key_width, self.value_width = key_width, value_width
+
+    @property
+    def padding_invariant_sides(self) -> tuple[str, ...]:
+        """As the attention mixer's (``chunk_padding_sides``)."""
+        return chunk_padding_sides(self.chunk_size)
 
     def __call__(self, qkv, mask: torch.Tensor | None) -> torch.Tensor:
         q, k, v = qkv

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..mixers.base import common_padding_sides
 from ..state import StreamState, check_state
 from ..validation import check_int
 
@@ -54,6 +55,11 @@ class StreamingBlock:
 
     def stream_parts(self) -> list:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    @property
+    def padding_invariant_sides(self) -> tuple[str, ...]:
+        """The sides every part mixing tokens declares (the rest of the body works token by token)."""
+        return common_padding_sides(self.stream_parts())
 
     def init_state(
         self,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..mixers.base import check_sequence
+from ..mixers.base import PADDING_SIDES, check_sequence
 from ..mixers.fnet import FnetAr, FnetArState
 from ..options import Configurable, merge_options, take_options
 from ..state import StreamState, check_state
@@ -45,6 +45,7 @@ class RelativeAttention(nn.Module):
     """Multi-head causal attention of a segment over [memory; segment] with relative positions."""
 
     no_weight_decay = ("content_bias", "position_bias")
+    padding_invariant_sides = PADDING_SIDES  # scores depend on distances only
 
     def __init__(self, dim: int, heads: int = 4, dropout: float = 0.0):
         super().__init__()
@@ -85,6 +86,11 @@ class FourierContext(nn.Module):
     def __init__(self, dim: int, window: int):
         super().__init__()
         self.fourier = FnetAr(dim, True, window=window)
+
+    @property
+    def padding_invariant_sides(self) -> tuple[str, ...]:
+        """Its FNetAR's."""
+        return self.fourier.padding_invariant_sides
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, key_mask: torch.Tensor, start: int) -> torch.Tensor:
         n, window = x.shape[1], self.fourier.window
@@ -144,6 +150,11 @@ class XlBlock(Configurable, nn.Module):
         self.ffn_norm = nn.LayerNorm(dim)
         self.ffn = Ffn(dim, ffn_expand, "gelu", dropout)
         self.dropout = nn.Dropout(dropout)
+
+    @property
+    def padding_invariant_sides(self) -> tuple[str, ...]:
+        """Its mixer's (the norms and the FFN work token by token)."""
+        return self.mixer.padding_invariant_sides
 
     def init_state(
         self,

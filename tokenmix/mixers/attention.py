@@ -19,7 +19,7 @@ from ..ops.attention import chunked_attention, rotary
 from ..options import take_options
 from ..state import StreamState
 from ..validation import check_int
-from .base import Mixer
+from .base import PADDING_SIDES, Mixer
 from .registry import register_mixer
 
 POSITIONS = ("rotary", "bias", "none")
@@ -114,6 +114,11 @@ def cached_attention(
     return torch.cat(outputs, dim=2), cache
 
 
+def chunk_padding_sides(chunk_size: int | None) -> tuple[str, ...]:
+    """Full attention sees offsets only (both sides); chunks start at multiples of ``chunk_size`` from the first token (right only)."""
+    return PADDING_SIDES if chunk_size is None else ("right",)
+
+
 def relative_reach(max_distance: int | None, chunk_size: int | None) -> int:
     """Offsets a learned position bias tells apart: ``max_distance``, else the chunk, else 1024."""
     return max_distance or chunk_size or 1024
@@ -169,6 +174,11 @@ class Attention(Mixer):
             own["heads"] = default_heads(dim, own["position"])
         own["max_distance"] = relative_reach(own["max_distance"], own["chunk_size"])
         return own, unknown
+
+    @property
+    def padding_invariant_sides(self) -> tuple[str, ...]:
+        """Both sides for full attention, the right for chunked (``chunk_padding_sides``)."""
+        return chunk_padding_sides(self.chunk_size)
 
     def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         batch, n, _ = x.shape

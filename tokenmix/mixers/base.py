@@ -44,6 +44,15 @@ def zero_padding(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return x if mask is None else x.masked_fill(~mask[..., None], 0.0)
 
 
+PADDING_SIDES = ("left", "right")
+
+
+def common_padding_sides(parts) -> tuple[str, ...]:
+    """The sides on which padding leaves every one of ``parts`` as it is alone (see ``Mixer.padding_invariant_sides``)."""
+    declared = [set(part.padding_invariant_sides) for part in parts]
+    return tuple(side for side in PADDING_SIDES if all(side in sides for sides in declared))
+
+
 class Mixer(Configurable, nn.Module):
     """Base class: validates input, zeros padding, then calls ``mix(x, mask)`` on (batch, length, dim).
 
@@ -55,10 +64,19 @@ class Mixer(Configurable, nn.Module):
     the whole sequence. A mixer streams by defining ``state_type``, ``empty_state`` and
     ``step_chunk`` (x with padding zeroed, the validated state -> y, state); ``step_chunk`` may
     update the state in place.
+
+    Padding: whatever its content, padding never reaches a real token (it is zeroed before ``mix``).
+    Whether a padded sequence's real outputs are those of the sequence alone depends on the operator:
+    on both sides when it depends on the lags between tokens only, on the right only when it also
+    follows positions counted from the first token (chunk boundaries, Fourier phases), on neither
+    when it depends on the length (an FFT or inducing grid, a 2-D layout, an automatic dilation).
+    ``padding_invariant_sides`` says which.
     """
 
     fft_based = False
     causal_modes: tuple[bool, ...] = (False, True)  # the values of ``causal`` the mixer supports
+    padding_invariant_sides: tuple[str, ...] = ()
+    """Sides ("left", "right") on which padding a sequence leaves the outputs at its real tokens those of the sequence alone."""
 
     def __init__(self, dim: int, causal: bool):
         super().__init__()

@@ -22,7 +22,7 @@ from ..ops.fft import spectral_dtype
 from ..ops.toeplitz import toeplitz_matvec
 from ..state import StreamState
 from ..validation import check_int
-from .base import Mixer, ToeplitzOperator
+from .base import PADDING_SIDES, Mixer, ToeplitzOperator
 from .registry import register_mixer
 
 
@@ -39,6 +39,7 @@ class Ema(ToeplitzOperator, Mixer):
 
     fft_based = True
     no_weight_decay = ("delta", "alpha", "beta", "gamma")
+    padding_invariant_sides = PADDING_SIDES  # the kernel depends on the lag only
 
     def __init__(self, dim: int, causal: bool = False, *, ndim: int = 16):
         super().__init__(dim, causal)

@@ -51,6 +51,7 @@ class FnetAr(Mixer):
 
     causal_modes = (True,)
     state_type = FnetArState
+    padding_invariant_sides = ("right",)  # a token's DFT row is its position counted from the first token
 
     def __init__(self, dim: int, causal: bool = True, *, window: int = 512):
         if not causal:

@@ -47,7 +47,7 @@ from ..ops.ski import (
 )
 from ..ops.toeplitz import naive_toeplitz_matrix, toeplitz_spectrum
 from ..validation import check_int
-from .base import Mixer
+from .base import PADDING_SIDES, Mixer
 from .registry import register_mixer
 from .rpe import PiecewiseLinearEncoder
 from .tno import SpectrumCache, relative_lags
@@ -140,6 +140,11 @@ class SkiTno(ToeplitzStreaming, Mixer):
         if self.max_spacing is None:
             return self.rank
         return max(self.rank, math.ceil((n - 1) / self.max_spacing) + 1)
+
+    @property
+    def padding_invariant_sides(self) -> tuple[str, ...]:
+        """Causal: both (t_k depends on the lag only). Bidirectional: none (the inducing grid spans the length)."""
+        return PADDING_SIDES if self.causal else ()
 
     @property
     def taps(self) -> torch.Tensor:

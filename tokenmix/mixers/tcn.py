@@ -24,7 +24,7 @@ from ..ops.activations import get_activation
 from ..ops.dilated import causal_dilated_chunk, dilated_conv
 from ..state import StreamState
 from ..validation import check_int
-from .base import Mixer, zero_padding
+from .base import PADDING_SIDES, Mixer, zero_padding
 from .registry import register_mixer
 
 
@@ -100,6 +100,11 @@ class Tcn(Mixer):
         if self.dilation_factor == "auto":
             return dilation_for(n, self.kernel_size, self.depth, self.convs_per_block)
         return self.dilation_factor
+
+    @property
+    def padding_invariant_sides(self) -> tuple[str, ...]:
+        """Both with a fixed dilation (padding is zeroed before every convolution); none with ``dilation_factor="auto"``."""
+        return () if self.dilation_factor == "auto" else PADDING_SIDES
 
     @property
     def receptive_field(self) -> int | None:

@@ -20,7 +20,7 @@ from torch import nn
 
 from ..ops.fft import fast_fft_size
 from ..ops.toeplitz import complex_readout, factored_spectral_matvec, spectral_matvec, toeplitz_spectrum
-from .base import Mixer, ToeplitzOperator
+from .base import PADDING_SIDES, Mixer, ToeplitzOperator
 from .registry import register_mixer
 from .rpe import RelativePositionEncoder
 from .toeplitz_stream import ToeplitzStreaming
@@ -86,6 +86,7 @@ class Tno(ToeplitzStreaming, ToeplitzOperator, Mixer):
     """Toeplitz neural operator mixer (name ``tno``)."""
 
     fft_based = True  # benchmarks compare it with a bare rfft + irfft round trip
+    padding_invariant_sides = PADDING_SIDES  # t_k depends on the lag k only
 
     def __init__(
         self,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..mixers.base import check_mask
+from ..mixers.base import check_mask, common_padding_sides
 from ..state import StreamState, check_state
 from ..validation import check_int
 from .config import ModelConfig
@@ -98,6 +98,11 @@ class SequenceModel(nn.Module):
         self.recurrent = any(getattr(block, "recurrent", False) for block in self.blocks)
         self.final_norm = nn.LayerNorm(config.dim)
         self.classifier = _classifier(config) if config.task == "classify" else None
+
+    @property
+    def padding_invariant_sides(self) -> tuple[str, ...]:
+        """Sides on which padding leaves a row's real outputs (and pooled summary) those of the row alone: every block's."""
+        return common_padding_sides(self.blocks)
 
     @functools.cached_property
     def signature(self) -> str:
