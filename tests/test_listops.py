@@ -6,6 +6,7 @@ import random
 
 import numpy as np
 import pytest
+import torch
 
 from tokenmix.data import listops as listops_module
 from tokenmix.data import listops_examples, load_data, load_listops
@@ -236,3 +237,21 @@ def test_bad_options_are_refused_before_generating(monkeypatch):
 def test_distribution_figure_is_written(tmp_path):
     path = plot_listops_distributions(tmp_path / "listops.png", count=50, max_length=64)
     assert path.exists() and path.stat().st_size > 1000
+
+
+def test_a_generated_task_is_cached_by_its_parameters(tmp_path, monkeypatch):
+    """Fails if the cache is not read (the second call would draw again) or not keyed by the seed and options."""
+    monkeypatch.setenv("TOKENMIX_CACHE", str(tmp_path))
+    options = dict(train=30, val=5, test=5, max_length=60, min_length=5)
+    first = listops_module.generate_listops(seed=3, **options)
+    (entry,) = (tmp_path / "listops").iterdir()
+    drawn = listops_module.distinct_expressions
+    monkeypatch.setattr(listops_module, "distinct_expressions", lambda *a: pytest.fail("drew again instead of reading the cache"))
+    again = listops_module.generate_listops(seed=3, **options)
+    for name in ("train", "val", "test"):
+        assert torch.equal(first.split(name).tokens, again.split(name).tokens)
+        assert torch.equal(first.split(name).labels, again.split(name).labels)
+    monkeypatch.setattr(listops_module, "distinct_expressions", drawn)
+    assert not torch.equal(listops_module.generate_listops(seed=4, **options).test.tokens, first.test.tokens)
+    entry.write_bytes(b"damaged")  # made again
+    assert torch.equal(listops_module.generate_listops(seed=3, **options).train.tokens, first.train.tokens)

@@ -10,8 +10,9 @@ import torch
 from tokenizers import Tokenizer as Backend
 from tokenizers import models, pre_tokenizers
 
+from tokenmix.data.cache import cache_directory
 from tokenmix.data.corpus import ByteCorpus, as_tensor
-from tokenmix.data.tokenized import TokenCorpus, cache_directory, resolve_tokenizer, tokenize_corpus
+from tokenmix.data.tokenized import TokenCorpus, resolve_tokenizer, tokenize_corpus
 from tokenmix.data.tokenizer import MIN_BPE_VOCAB, Tokenizer, byte_tokenizer, parse_tokenizer_spec, train_bpe
 from tokenmix.models import ModelConfig, SequenceModel
 from tokenmix.train.evaluate import evaluate_lm, evaluate_mlm

@@ -24,11 +24,14 @@ parentheses are dropped. ``]`` stays: without it the prefix form cannot tell whe
 arguments end, and the task is not solvable.
 
 Splits of the generated task: distinct trees in the order drawn, the test set first, then val, then
-train, so a smaller ``train=`` count keeps the same validation and test sets.
+train, so a smaller ``train=`` count keeps the same validation and test sets. A generated task is
+cached on disk (``cache.py``), keyed by the seed, the counts, the options and ``GENERATOR_VERSION``:
+the official 100,000 trees take a minute to draw, and every evaluation of a run needs them again.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import asdict, dataclass
 
@@ -36,6 +39,7 @@ import torch
 
 from ..progress import progress_bar
 from ..validation import check_int
+from .cache import cache_directory, cache_key, load_examples, store_examples
 from .corpus import SPLITS
 from .examples import ClassificationData, Examples
 from .release_files import Layout
@@ -48,6 +52,7 @@ VOCAB_SIZE, NUM_CLASSES = len(WORDS), 10
 OPERATOR_PROBABILITY = 0.25  # LRA: a node is a leaf when random() > 0.25
 TOKEN_DTYPE = torch.uint8
 STALL_DRAWS = 1_000_000  # draws in a row without a new kept tree before the bounds are called too narrow
+GENERATOR_VERSION = "1"  # bumped when the trees drawn for given options change (invalidates cached tasks)
 RELEASE = Layout("listops", "the release's ListOps files listops-1000/basic_{train,val,test}.tsv", ("listops-1000", ""))
 
 
@@ -209,13 +214,16 @@ def generate_listops(seed: int = 0, train: int = 96_000, val: int = 2_000, test:
     counts = {"test": test, "val": val, "train": train}
     for name, count in counts.items():
         check_int(count, f"listops {name}", minimum=1)
-    drawn = distinct_expressions(sum(counts.values()), seed, resolved)
-    splits, start = {}, 0
-    for name, count in counts.items():
-        part = drawn[start : start + count]
-        splits[name] = Examples.from_sequences([tokens for tokens, _ in part], [value for _, value in part], dtype=TOKEN_DTYPE)
-        start += count
     described = {**{name: counts[name] for name in SPLITS}, **asdict(resolved)}
+    path = cache_directory() / "listops" / f"{cache_key(GENERATOR_VERSION, json.dumps({'seed': seed, **described}, sort_keys=True))}.npz"
+    splits = load_examples(path, SPLITS)
+    if splits is None:
+        drawn, splits, start = distinct_expressions(sum(counts.values()), seed, resolved), {}, 0
+        for name, count in counts.items():
+            part = drawn[start : start + count]
+            splits[name] = Examples.from_sequences([tokens for tokens, _ in part], [value for _, value in part], dtype=TOKEN_DTYPE)
+            start += count
+        store_examples(path, splits)
     source = "listops:" + ":".join(f"{key}={value}" for key, value in described.items())
     return ClassificationData(source, VOCAB_SIZE, NUM_CLASSES, **splits)
 

@@ -1,58 +1,22 @@
-"""Text corpora as token ids, and the disk cache that makes the second run's tokenizing free.
+"""Text corpora as token ids; the disk cache (``cache.py``) makes the second run's tokenizing free.
 
 ``resolve_tokenizer(spec, corpus)`` turns ``--tokenizer`` into a ``Tokenizer`` (a BPE is learnt from
 the training split only); ``tokenize_corpus(corpus, tokenizer)`` gives a ``TokenCorpus``. Both a
-learnt BPE and the ids of each split are cached under ``$TOKENMIX_CACHE`` (default
-``~/.cache/tokenmix``), keyed by a hash of their inputs (the text, and the tokenizer's JSON or the
-vocabulary size), so changing either never reads a stale entry. Writes are atomic (a temporary
-file of the writing process, then a rename).
+learnt BPE and the ids of each split are cached, keyed by a hash of their inputs (the text, and the
+tokenizer's JSON or the vocabulary size), so changing either never reads a stale entry.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
-import tokenizers
 import torch
 
+from .cache import cache_directory, cache_key, say, store
 from .corpus import SPLITS, ByteCorpus
 from .tokenizer import Tokenizer, byte_tokenizer, parse_tokenizer_spec, train_bpe
-
-CACHE_VARIABLE = "TOKENMIX_CACHE"
-CACHE_FORMAT = "2"  # bumped when what a cache entry holds changes
-
-
-def cache_directory() -> Path:
-    return Path(os.environ.get(CACHE_VARIABLE) or Path.home() / ".cache" / "tokenmix").expanduser()
-
-
-def _key(*parts: bytes | str) -> str:
-    digest = hashlib.sha256()
-    for part in (CACHE_FORMAT, tokenizers.__version__, *parts):
-        data = part.encode() if isinstance(part, str) else part
-        digest.update(len(data).to_bytes(8, "little") + data)
-    return digest.hexdigest()[:32]
-
-
-def _store(path: Path, write) -> None:
-    """``write(file)`` to a temporary file of this process, renamed to ``path``: processes of one
-    run (DDP ranks) may fill the same entry at once, and every one of them writes the same bytes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(temporary, "wb") as file:
-        write(file)
-    os.replace(temporary, path)
-
-
-def _say(message: str, progress: bool) -> None:
-    if progress:
-        print(message, file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -92,18 +56,18 @@ def resolve_tokenizer(spec: str | Tokenizer, training_text: bytes | None = None,
         return Tokenizer.load(value)
     if training_text is None:
         raise ValueError(f"tokenizer {spec!r} is learnt from a text corpus's training split; this data has none")
-    path = cache_directory() / "bpe" / f"{_key(training_text, str(value))}.json"
+    path = cache_directory() / "bpe" / f"{cache_key(training_text, str(value))}.json"
     if path.is_file():
         try:
             tokenizer = Tokenizer.from_json(path.read_text(), spec)
-            _say(f"tokenizer {spec}: read from the cache {path}", progress)
+            say(f"tokenizer {spec}: read from the cache {path}", progress)
             return tokenizer
         except Exception:  # a damaged entry (the library raises bare Exceptions) is learnt again
             path.unlink(missing_ok=True)
     started = time.perf_counter()
     tokenizer = train_bpe(training_text, value, progress=progress)
-    _store(path, lambda file: file.write(tokenizer.to_json().encode()))
-    _say(f"tokenizer {spec}: learnt from {len(training_text):,} bytes in {time.perf_counter() - started:.1f} s, cached at {path}", progress)
+    store(path, lambda file: file.write(tokenizer.to_json().encode()))
+    say(f"tokenizer {spec}: learnt from {len(training_text):,} bytes in {time.perf_counter() - started:.1f} s, cached at {path}", progress)
     return tokenizer
 
 
@@ -112,16 +76,16 @@ def cached_encode(tokenizer: Tokenizer, data: bytes, progress: bool = False) -> 
     if tokenizer.is_bytes:
         return tokenizer.encode(data), "bytes are their own ids"
     started = time.perf_counter()
-    path = cache_directory() / "tokens" / f"{_key(tokenizer.to_json(), data)}.npy"
+    path = cache_directory() / "tokens" / f"{cache_key(tokenizer.to_json(), data)}.npy"
     if path.is_file():
         try:
-            ids = torch.from_numpy(np.load(path))
+            ids = torch.from_numpy(np.load(path, allow_pickle=False))
             return ids, f"{len(ids):,} tokens read from the cache in {time.perf_counter() - started:.2f} s"
         except (OSError, ValueError):  # a damaged entry is tokenized again
             path.unlink(missing_ok=True)
     ids = tokenizer.encode(data, progress=progress)
     seconds = time.perf_counter() - started
-    _store(path, lambda file: np.save(file, ids.numpy()))
+    store(path, lambda file: np.save(file, ids.numpy()))
     return ids, f"{len(data):,} bytes -> {len(ids):,} tokens in {seconds:.2f} s ({len(data) / max(len(ids), 1):.2f} bytes/token), cached"
 
 
@@ -134,5 +98,5 @@ def tokenize_corpus(corpus: ByteCorpus, tokenizer: Tokenizer, progress: bool = F
             raise ValueError(f"data {corpus.source!r}: the {name} split holds {len(splits[name])} tokens; at least 2 are needed")
         notes.append(f"{name}: {note}")
     if not tokenizer.is_bytes:
-        _say(f"tokenized {corpus.source} with {tokenizer.name}: " + "; ".join(notes), progress)
+        say(f"tokenized {corpus.source} with {tokenizer.name}: " + "; ".join(notes), progress)
     return TokenCorpus(corpus.source, tokenizer, notes=notes, **splits)
