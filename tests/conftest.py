@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -7,6 +9,12 @@ LENGTHS = (1, 7, 100, 1000, 1024)
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _cache(tmp_path_factory):
+    """The data cache of the session (learnt BPEs, token ids, generated ListOps) is its own, not the user's."""
+    os.environ["TOKENMIX_CACHE"] = str(tmp_path_factory.mktemp("cache"))
 
 
 @pytest.fixture
