@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 import torch
+from conftest import usage_error
 
 from tokenmix.cli import main
 from tokenmix.train import TrainConfig, Trainer, load_checkpoint
@@ -280,3 +281,27 @@ def test_threads_beyond_the_cpus_warn(text_file, tmp_path):
     with pytest.warns(UserWarning, match=f"--threads {available_cpus() + 1} exceeds the {available_cpus()} CPUs"):
         Trainer(tiny_config(text_file, tmp_path / "t", threads=available_cpus() + 1), progress=False)
     torch.set_num_threads(available_cpus())
+
+
+def test_a_run_that_cannot_fit_is_refused_with_the_estimate(text_file, tmp_path, monkeypatch, capsys):
+    """Fails if the estimate is not checked against the memory available before the run starts."""
+    monkeypatch.setattr("tokenmix.train.memory.available_memory", lambda device: 1 << 20)
+    command = ["train", "--data", text_file, "--dim", "16", "--depth", "1", "--seq-len", "32", "--steps", "1", "--sample-tokens", "0"]
+    error = usage_error([*command, "--out", str(tmp_path / "refused")], capsys)
+    assert "training needs about" in error and "more than the 0.00 GB available" in error and "lower --batch-size" in error
+    assert not (tmp_path / "refused").exists()
+    assert main([*command, "--out", str(tmp_path / "forced"), "--no-memory-check"]) == 0
+
+
+def test_the_memory_estimate_is_the_saved_tensors_of_a_batch(text_file, tmp_path):
+    """The two-point extrapolation (one example, two) gives what autograd saves for a whole batch. Fails if
+    batch-independent tensors (kernels, spectra) are counted once per example, or the batch is ignored."""
+    from tokenmix.train.memory import BACKWARD_MARGIN, saved_tensor_bytes
+
+    trainer = Trainer(tiny_config(text_file, tmp_path / "m", batch_size=6), progress=False)
+    inputs, targets, _ = trainer.objective.batch(6, trainer.config.seq_len, torch.Generator().manual_seed(0))
+    exclude = {p.untyped_storage().data_ptr() for p in trainer.model.parameters()}
+    saved = saved_tensor_bytes(lambda: trainer.objective.loss(trainer.model(inputs), targets), exclude)
+    assert abs(trainer.memory.activations / BACKWARD_MARGIN - saved) <= 0.01 * saved
+    weights = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
+    assert trainer.memory.parameters == 4 * weights

@@ -87,6 +87,11 @@ def _add_run_flags(parser, defaults: TrainConfig, skipped: tuple[str, ...] = ())
         action="store_true",
         help="with --resume: continue although data files differ from those the checkpoint recorded (size, SHA-256)",
     )
+    parser.add_argument(
+        "--no-memory-check",
+        action="store_true",
+        help="start even when the estimated memory of a training step exceeds the memory available (docs/training.md)",
+    )
 
 
 def _add_train(subparsers) -> None:
@@ -159,7 +164,13 @@ def run_train(args) -> int:
         config = train_config_from_args(args)
         if args.allow_data_change and not args.resume:
             raise ValueError("--allow-data-change applies to --resume")
-        trainer = Trainer(config, resume=args.resume, overwrite=args.overwrite, allow_data_change=args.allow_data_change)
+        trainer = Trainer(
+            config,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            allow_data_change=args.allow_data_change,
+            memory_check=not args.no_memory_check,
+        )
     return _run(trainer, "train", args.sample_tokens)
 
 
@@ -178,7 +189,12 @@ def run_finetune(args) -> int:
         if args.allow_data_change and not args.resume:
             raise ValueError("--allow-data-change applies to --resume")
         trainer = Trainer(
-            config, resume=args.resume, overwrite=args.overwrite, pretrained=pretrained, allow_data_change=args.allow_data_change
+            config,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            pretrained=pretrained,
+            allow_data_change=args.allow_data_change,
+            memory_check=not args.no_memory_check,
         )
     return _run(trainer, "finetune", sample_tokens=0)
 

@@ -51,6 +51,7 @@ from .checkpoint import (
 from .distributed import DistributedContext, init_distributed
 from .evaluate import describe
 from .finetune import Pretrained, load_initial_weights, read_pretrained
+from .memory import check_memory_fits, describe_memory, estimate_training_memory
 from .objectives import check_task, objective_for
 from .optim import build_optimizer
 from .recipes import list_recipes
@@ -241,6 +242,7 @@ class Trainer:
         overwrite: bool = False,
         pretrained: Pretrained | None = None,
         allow_data_change: bool = False,
+        memory_check: bool = True,
     ):
         self.config = config
         self.out = Path(config.out)
@@ -290,6 +292,9 @@ class Trainer:
         if checkpoint is not None:
             _check_world_size(checkpoint, self.context.world_size)
         self.model.to(self.device)
+        self.memory = estimate_training_memory(self.model, self._probe_loss, config.batch_size, self.device)
+        if memory_check:
+            check_memory_fits(self.memory, self.device)
         self.removed_stale: list[Path] = []
         if self.context.is_main:  # only now, with every setting checked, is the directory touched
             if resume:
@@ -457,6 +462,18 @@ class Trainer:
         generator = step_generator(self.config.seed, step, self.context.rank)
         return self.objective.batch(self.config.batch_size, self.config.seq_len, generator)
 
+    def _probe_loss(self, copies: int) -> torch.Tensor:
+        """The loss of ``copies`` copies of the run's largest example, computed as a training step does
+        (segment-recurrent models: with a full memory, as every segment but a stream's first)."""
+        example = self.objective.largest_example(self.config.seq_len)
+        inputs, targets, mask = (None if t is None else t.to(self.device).expand(copies, *t.shape[1:]) for t in example)
+        if not self.model.recurrent:
+            return self.objective.loss(self.model(inputs, mask), targets)
+        state = self.model.init_state(copies, self.device, segment_length=self.config.seq_len)
+        with torch.no_grad():
+            _, state = self.model(inputs, state=state, return_state=True)
+        return self.objective.loss(self.model(inputs, state=state, return_state=True)[0], targets)
+
     def train_step(self) -> tuple[float, int]:
         """One optimizer step: (loss, real tokens read on this rank)."""
         torch.manual_seed(step_seed(self.config.seed, self.step, self.context.rank) + 1)  # dropout, apart from batches
@@ -523,6 +540,8 @@ class Trainer:
         )
         for path in self.removed_stale:
             bar.write(f"removed {path}: a save interrupted by a kill")
+        if self.progress and self.context.is_main:
+            bar.write(describe_memory(self.memory, self.device))
         step_seconds: list[float] = []
         started = last_save = time.perf_counter()
         with StopSignals() as signals:

@@ -50,6 +50,10 @@ class Objective:
         """(inputs, targets, mask) of one training step; mask None when every token is real."""
         raise NotImplementedError  # pragma: no cover - abstract
 
+    def largest_example(self, seq_len: int):
+        """(inputs, targets, mask) of one example as long as any the run draws (for the memory estimate)."""
+        return self.batch(1, seq_len, torch.Generator().manual_seed(self.seed))
+
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(), ignore_index=-100)
 
@@ -118,6 +122,12 @@ class Classification(Objective):
         train = self.data.train
         tokens, mask, labels = train.batch(torch.randint(len(train), (batch_size,), generator=generator), multiple=self.multiple)
         return tokens, labels, None if bool(mask.all()) else mask
+
+    def largest_example(self, seq_len):
+        train = self.data.train
+        longest = int(train.lengths().max(dim=1).values.argmax())
+        tokens, mask, labels = train.batch([longest], multiple=self.multiple)
+        return tokens, labels, mask
 
     def evaluate(self, model, split, *, length, max_tokens=None, batch_size=32):
         """Loss and accuracy over the split, with the majority-class accuracy beside them (the floor)."""

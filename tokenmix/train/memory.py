@@ -1,0 +1,118 @@
+"""The memory a training run will need, estimated before it starts, so that a run that cannot fit is
+refused with the figure instead of being killed hours in.
+
+Activations: a forward pass (and loss) of the run's largest example records the tensors autograd
+keeps for the backward pass (``torch.autograd.graph.saved_tensors_hooks``, each storage counted
+once, parameters excluded); so does one of two copies of it. Their difference is what each example
+adds; the rest (kernels, spectra, which do not grow with the batch) is kept once. Parameters: weights,
+gradients and AdamW's two moments, four copies. The backward pass holds temporaries beside the
+saved tensors (gradients of activations, FFT buffers): ``BACKWARD_MARGIN`` covers them, measured on
+this project's models (docs/training.md, "Memory").
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+BACKWARD_MARGIN = 2.0
+GB = 1 << 30
+
+
+@dataclass
+class MemoryEstimate:
+    """Bytes a training step needs beyond what the process holds before it (the data, the libraries)."""
+
+    parameters: int  # weights, gradients and the optimizer's two moments
+    activations: int  # what autograd keeps for the backward pass of one batch, with the backward's margin
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.activations
+
+    def describe(self) -> str:
+        return (
+            f"{self.total / GB:.2f} GB ({self.parameters / GB:.2f} GB of weights, gradients and optimizer state, "
+            f"{self.activations / GB:.2f} GB of activations)"
+        )
+
+
+def saved_tensor_bytes(run, exclude: set[int]) -> int:
+    """Bytes of the distinct storages autograd saves for backward while ``run()`` executes, but those in ``exclude``."""
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in exclude:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        run()
+    return sum(storages.values())
+
+
+def estimate_training_memory(model, loss_of, batch_size: int, device) -> MemoryEstimate:
+    """The estimate for a batch of ``batch_size``; ``loss_of(copies)`` computes the loss of ``copies``
+    copies of the run's largest example the way a training step does (see the module docstring)."""
+    parameters = list(model.parameters())
+    weights = sum(p.numel() * p.element_size() for p in parameters)
+    exclude = {p.untyped_storage().data_ptr() for p in parameters}
+    was_training = model.training
+    model.train()
+
+    def saved(copies: int) -> int:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # dropout leaves the run's RNG alone
+            return saved_tensor_bytes(lambda: loss_of(copies), exclude)
+
+    try:
+        one, two = saved(1), saved(2)  # some saved tensors (kernels, spectra) do not grow with the batch
+    finally:
+        model.train(was_training)
+    activations = max(one, 2 * one - two + batch_size * (two - one))
+    return MemoryEstimate(parameters=4 * weights, activations=int(BACKWARD_MARGIN * activations))
+
+
+def resident_memory() -> int | None:
+    """Bytes this process holds now (Linux VmRSS), None where it cannot be read."""
+    try:
+        with open("/proc/self/status") as file:
+            return next(int(line.split()[1]) * 1024 for line in file if line.startswith("VmRSS:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def describe_memory(estimate: MemoryEstimate, device: torch.device) -> str:
+    """One line: what the process holds, what a training step adds, what is available."""
+    held, available = resident_memory(), available_memory(device)
+    parts = [] if held is None or device.type != "cpu" else [f"the process holds {held / GB:.2f} GB"]
+    parts.append(f"a training step adds about {estimate.describe()}")
+    if available is not None:
+        parts.append(f"{available / GB:.2f} GB available")
+    return "memory: " + "; ".join(parts)
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for this process: the GPU's free memory, or the system's available memory (Linux), shared
+    by the processes of one node (torchrun's LOCAL_WORLD_SIZE); None where it cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as file:
+            fields = dict(line.split(":", 1) for line in file)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+    return available // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+def check_memory_fits(estimate: MemoryEstimate, device: torch.device) -> None:
+    """ValueError with the estimate and what to lower when it exceeds the memory ``device`` has free."""
+    available = available_memory(device)
+    if available is not None and estimate.total > available:
+        raise ValueError(
+            f"training needs about {estimate.describe()}, more than the {available / GB:.2f} GB available on {device}: "
+            "lower --batch-size (activations grow with it), --seq-len, --dim or --depth, or pass --no-memory-check to try anyway"
+        )
