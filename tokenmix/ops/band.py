@@ -110,6 +110,10 @@ def _filter_gradient(x: torch.Tensor, grad_y: torch.Tensor, min_lag: int, m: int
 
 
 class _BandConvolution(torch.autograd.Function):
+    """y = band_matvec(x, f); dL/dx is the same convolution with reversed taps over negated lags and
+    dL/df_l = sum_i g_i x_{i - l} (``_filter_gradient``). Both are plain differentiable operations on
+    x, f and dL/dy, so with create_graph=True autograd records them: exactly twice differentiable."""
+
     @staticmethod
     def forward(ctx, x, taps, min_lag, dilation):
         ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, taps)

@@ -72,7 +72,9 @@ def ski_dense_matvec(x: torch.Tensor, interpolation: torch.Tensor, kernel: torch
 class _AdjointPair(torch.autograd.Function):
     """y = op(x) for a fixed linear map given with its adjoint, which is then the backward.
 
-    W and W^T here are constants (no parameters), so neither side needs anything saved.
+    W and W^T here are constants (no parameters), so neither side needs anything saved. Both are
+    differentiable operations, so with create_graph=True the backward W^T g is recorded as a graph
+    on g: exactly twice differentiable.
     """
 
     @staticmethod

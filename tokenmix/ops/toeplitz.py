@@ -17,7 +17,6 @@ Kernels are given by lag, rows ordered from the most negative lag:
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .fft import fast_fft_size, hermitian_weights, spectral_dtype
 from .layout import channels_first
@@ -54,21 +53,21 @@ def toeplitz_spectrum(kernel: torch.Tensor, n: int, causal: bool, fft_size: int 
 
 
 def _input_spectrum(x: torch.Tensor, fft_size: int) -> torch.Tensor:
-    """rfft along the length of x (batch, n, d) at N points, channels first: (batch, d, N/2 + 1)."""
-    return torch.fft.rfft(channels_first(x, fft_size), dim=-1)
+    """rfft along the length of x (batch, n, d) at N points in the spectral dtype, channels first: (batch, d, N/2 + 1)."""
+    return torch.fft.rfft(channels_first(x.to(spectral_dtype(x.dtype)), fft_size), dim=-1)
 
 
-def _output_signal(product: torch.Tensor, fft_size: int, n: int) -> torch.Tensor:
-    """The first n samples of irfft(product, N), as a (batch, n, d) view of the channels-first result."""
-    return torch.fft.irfft(product, n=fft_size, dim=-1)[..., :n].transpose(1, 2)
+def _output_signal(product: torch.Tensor, fft_size: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """The first n samples of irfft(product, N) in ``dtype``, as a (batch, n, d) view of the channels-first result."""
+    return torch.fft.irfft(product, n=fft_size, dim=-1)[..., :n].transpose(1, 2).to(dtype)
 
 
 def _convolve(ctx, x: torch.Tensor, spectrum: torch.Tensor, fft_size: int, keep_input: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Forward of both Functions: y = irfft(rfft(x) * K)[:n], and rfft(x) when ``keep_input`` (for dL/dK)."""
+    """Forward of both Functions: y = irfft(rfft(x) * K)[:n] in x's dtype, and rfft(x) when ``keep_input`` (for dL/dK)."""
     x_freq = _input_spectrum(x, fft_size)
     product = x_freq * spectrum if keep_input else x_freq.mul_(spectrum)
-    ctx.fft_size = fft_size
-    return _output_signal(product, fft_size, x.shape[1]), x_freq if keep_input else None
+    ctx.fft_size, ctx.input_dtype = fft_size, x.dtype
+    return _output_signal(product, fft_size, x.shape[1], x.dtype), x_freq if keep_input else None
 
 
 def _convolve_backward(ctx, grad_y, x_freq, spectrum, want_x: bool, want_spectrum: bool):
@@ -78,8 +77,32 @@ def _convolve_backward(ctx, grad_y, x_freq, spectrum, want_x: bool, want_spectru
     products = _batch_sum_of_products(conj_grad_freq, x_freq) if want_spectrum else None
     grad_x = None
     if want_x:  # dL/dx = irfft(G * conj(K)): a correlation with the kernel
-        grad_x = _output_signal(torch.conj_physical_(conj_grad_freq.mul_(spectrum)), fft_size, n)
+        grad_x = _output_signal(torch.conj_physical_(conj_grad_freq.mul_(spectrum)), fft_size, n, ctx.input_dtype)
     return grad_x, products
+
+
+def _differentiable_products(x: torch.Tensor, grad_y: torch.Tensor, fft_size: int) -> torch.Tensor:
+    """T = sum_b conj(G) * X of ``_convolve_backward`` by plain rfft calls, which autograd differentiates again."""
+
+    def spectrum_of(signal: torch.Tensor) -> torch.Tensor:
+        return torch.fft.rfft(signal.to(spectral_dtype(signal.dtype)).transpose(1, 2), n=fft_size, dim=-1)
+
+    return (spectrum_of(grad_y).conj() * spectrum_of(x)).sum(0)
+
+
+def _backward_products(ctx, grad_y, x, x_freq, spectrum, transposed_product):
+    """(dL/dx, T) for both Functions; None for what autograd does not need.
+
+    When autograd records the backward (create_graph=True, for second derivatives), both are built
+    from differentiable operations: dL/dx = irfft(G * conj(K))[:n] is ``transposed_product(dL/dy)``,
+    the same Function with the conjugate spectrum (the reversed kernel), and T comes from plain FFTs
+    of the saved x and dL/dy, so the gradients stay connected to x, the kernel and dL/dy.
+    """
+    want_x, want_kernel = ctx.needs_input_grad[0], any(ctx.needs_input_grad[1:])
+    if not torch.is_grad_enabled():
+        return _convolve_backward(ctx, grad_y, x_freq, spectrum, want_x, want_kernel)
+    grad_x = transposed_product(grad_y) if want_x else None
+    return grad_x, _differentiable_products(x, grad_y, ctx.fft_size) if want_kernel else None
 
 
 class _SpectralConvolution(torch.autograd.Function):
@@ -90,24 +113,27 @@ class _SpectralConvolution(torch.autograd.Function):
     G = rfft(dL/dy, N) and c are the onesided Hermitian weights (PyTorch's generic rfft backward
     would run a full complex FFT). Large temporaries are reused in place: on CPU a fresh buffer
     costs more than the arithmetic. Inputs of the FFTs are made channels first by ``channels_first``;
-    the output is a (batch, n, d) view of a channels-first buffer.
+    the output is a (batch, n, d) view of a channels-first buffer. The FFTs run in the spectral
+    dtype; y and dL/dx have x's.
 
-    Once differentiable: the backward reads rfft(x) saved from the forward, which carries no graph,
-    so a second derivative would silently miss the terms through x. Double backward (Hessian-vector
-    products, gradient penalties) raises instead.
+    Twice (and further) differentiable: with create_graph=True the backward is built from this
+    Function and plain FFTs (``_backward_products``), which is why x itself is saved beside rfft(x)
+    (the caller's tensor, before any cast: no copy of it is kept).
     """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, spectrum: torch.Tensor, fft_size: int) -> torch.Tensor:
-        y, x_freq = _convolve(ctx, x, spectrum, fft_size, keep_input=ctx.needs_input_grad[1])
-        ctx.save_for_backward(x_freq, spectrum)
+        keep_input = ctx.needs_input_grad[1]
+        y, x_freq = _convolve(ctx, x, spectrum, fft_size, keep_input)
+        ctx.save_for_backward(x if keep_input else None, x_freq, spectrum)
         return y
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_y: torch.Tensor):
-        x_freq, spectrum = ctx.saved_tensors
-        grad_x, products = _convolve_backward(ctx, grad_y, x_freq, spectrum, *ctx.needs_input_grad[:2])
+        x, x_freq, spectrum = ctx.saved_tensors
+        grad_x, products = _backward_products(
+            ctx, grad_y, x, x_freq, spectrum, lambda g: _SpectralConvolution.apply(g, spectrum.conj_physical(), ctx.fft_size)
+        )
         grad_spectrum = None
         if products is not None:  # in the spectrum's dtype even when x came in another
             weights = hermitian_weights(ctx.fft_size, products.real.dtype, grad_y.device).div_(ctx.fft_size)
@@ -128,22 +154,25 @@ class _FactoredSpectralConvolution(torch.autograd.Function):
     (c / N, -c / N) per frequency (the weights, and the conjugation as a sign), so
     dL/dR = (S_v * c_v) T_v^T and dL/dS_v = (R T_v) * c_v: the weights and the conjugation act on
     the small (e, 2F) side instead of costing two more passes over the (d, F) gradient.
-    Once differentiable, as ``_SpectralConvolution``.
+    Twice differentiable as ``_SpectralConvolution``, dL/dx = irfft(G * R^T conj(S))[:n] being this
+    Function with the conjugate basis.
     """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, basis: torch.Tensor, readout: torch.Tensor, fft_size: int) -> torch.Tensor:
+        keep_input = any(ctx.needs_input_grad[1:3])
         spectrum = complex_readout(basis, readout)
-        y, x_freq = _convolve(ctx, x, spectrum, fft_size, keep_input=any(ctx.needs_input_grad[1:3]))
-        ctx.save_for_backward(x_freq, spectrum, basis, readout)
+        y, x_freq = _convolve(ctx, x, spectrum, fft_size, keep_input)
+        ctx.save_for_backward(x if keep_input else None, x_freq, spectrum, basis, readout)
         return y
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_y: torch.Tensor):
-        x_freq, spectrum, basis, readout = ctx.saved_tensors
-        want_x, want_basis, want_readout = ctx.needs_input_grad[:3]
-        grad_x, products = _convolve_backward(ctx, grad_y, x_freq, spectrum, want_x, want_basis or want_readout)
+        x, x_freq, spectrum, basis, readout = ctx.saved_tensors
+        grad_x, products = _backward_products(
+            ctx, grad_y, x, x_freq, spectrum, lambda g: _FactoredSpectralConvolution.apply(g, basis.conj_physical(), readout, ctx.fft_size)
+        )
+        want_basis, want_readout = ctx.needs_input_grad[1:3]
         grad_basis = grad_readout = None
         if products is not None:  # computed in the products' dtype (x's), returned in the parameters'
             products = _real_view(products)
@@ -170,18 +199,14 @@ def spectral_matvec(x: torch.Tensor, spectrum: torch.Tensor, fft_size: int) -> t
 
     Runs in float32 (float64 stays float64) and returns x's dtype.
     """
-    work = spectral_dtype(x.dtype)
-    y = _SpectralConvolution.apply(x.to(work), spectrum, fft_size)
-    return y.to(x.dtype)
+    return _SpectralConvolution.apply(x, spectrum, fft_size)
 
 
 def factored_spectral_matvec(x: torch.Tensor, basis: torch.Tensor, readout: torch.Tensor, fft_size: int) -> torch.Tensor:
     """``spectral_matvec`` for the spectrum readout^T @ basis (basis (e, F) complex, readout (e, d) real)
     without differentiating through the (d, F) spectrum: the fused product of TNO, FD-TNO and causal
     SKI-TNO, whose kernels are linear in a few parameter columns."""
-    work = spectral_dtype(x.dtype)
-    y = _FactoredSpectralConvolution.apply(x.to(work), basis, readout, fft_size)
-    return y.to(x.dtype)
+    return _FactoredSpectralConvolution.apply(x, basis, readout, fft_size)
 
 
 def complex_readout(basis: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
