@@ -1,10 +1,12 @@
 """Second derivatives (Hessian-vector products, gradient penalties) through the custom autograd Functions and every mixer.
 
 The Toeplitz Functions (ops/toeplitz.py) build their backward from differentiable operations when
-autograd records it (create_graph=True); the band convolution's and the SKI interpolation pair's
-backward are plain differentiable operations. All must be exactly twice differentiable, also when
-the gradient reaching them does not require grad (a loss linear in their output): the case in which
-a detached backward (``@once_differentiable``) returns zeros instead of raising.
+autograd records it (create_graph=True) for forwards run inside ``tokenmix.double_backward()``, and
+refuse otherwise; the band convolution's and the SKI interpolation pair's backward are plain
+differentiable operations. All must be exactly twice differentiable, also when the gradient reaching
+them does not require grad (a loss linear in their output): the case in which a detached backward
+(``@once_differentiable``) returns zeros instead of raising. Every test here but the last runs inside
+``double_backward()``.
 """
 
 import functools
@@ -17,6 +19,7 @@ from torch.autograd import gradgradcheck
 from torch.autograd.functional import hessian, hvp
 from torch.func import functional_call
 
+import tokenmix
 from tokenmix.ops.band import band_matvec, naive_band_matvec
 from tokenmix.ops.fft import fast_fft_size
 from tokenmix.ops.ski import (
@@ -37,6 +40,17 @@ from tokenmix.ops.toeplitz import (
 )
 
 LENGTHS = (1, 7, 8)  # one token, an odd length, a power of two
+
+
+@pytest.fixture(autouse=True)
+def _double_backward(request):
+    if "outside" in request.node.name:
+        yield
+        return
+    with tokenmix.double_backward():
+        yield
+
+
 CHANNELS = 3
 TOEPLITZ_MIXERS = [(name, causal) for name, causal in MODES if name in ("tno", "fd_tno", "ski_tno")]
 
@@ -241,3 +255,22 @@ def test_mixer_hessian_vector_product_matches_finite_differences(name, causal):
     expected = torch.cat([t.flatten() for t in finite_difference_hvp(loss, inputs, direction)])
     assert expected.abs().max() > 0
     assert relative_error(torch.cat([t.flatten() for t in product]), expected) < 1e-6
+
+
+@pytest.mark.parametrize("name", ["tno", "fd_tno", "ski_tno"])
+def test_outside_double_backward_a_second_derivative_is_refused_not_zero(name):
+    """First-order training keeps no copy of x for a second derivative; asking for one raises. Fails if
+    the Functions compute a detached (zero) second derivative instead, or keep x when not asked to."""
+    from tokenmix.train.memory import saved_tensor_bytes
+
+    layer = mixer(name, True, dim=CHANNELS).double()
+    x = torch.randn(2, 7, CHANNELS, dtype=torch.float64)
+    parameters = list(layer.parameters())
+    with pytest.raises(tokenmix.ops.toeplitz.DoubleBackwardRefused, match="tokenmix.double_backward"):
+        torch.autograd.grad(layer(x).tanh().sum(), parameters, create_graph=True)
+    with pytest.raises(tokenmix.ops.toeplitz.DoubleBackwardRefused):
+        hvp(lambda x: layer(x).tanh().sum(), x.requires_grad_(), torch.ones_like(x))
+    exclude = {p.untyped_storage().data_ptr() for p in parameters}
+    first_order = saved_tensor_bytes(lambda: layer(x).sum(), exclude)
+    with tokenmix.double_backward():
+        assert saved_tensor_bytes(lambda: layer(x).sum(), exclude) > first_order  # x kept only when asked

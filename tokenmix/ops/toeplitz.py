@@ -16,6 +16,8 @@ Kernels are given by lag, rows ordered from the most negative lag:
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from .fft import fast_fft_size, hermitian_weights, spectral_dtype
@@ -90,6 +92,30 @@ def _differentiable_products(x: torch.Tensor, grad_y: torch.Tensor, fft_size: in
     return (spectrum_of(grad_y).conj() * spectrum_of(x)).sum(0)
 
 
+_keep_inputs = [False]
+
+
+@contextlib.contextmanager
+def double_backward(enabled: bool = True):
+    """Second derivatives (Hessian-vector products, gradient penalties) through the Toeplitz products
+    of forwards run inside this block.
+
+    dL/dK depends on x, so a second derivative needs x itself kept beside rfft(x): about 8 % more
+    activation memory in a TNN layer, which first-order training does not pay. Outside this block,
+    a second derivative through a kernel raises (``DoubleBackwardRefused``) instead of leaving out
+    the terms through x.
+    """
+    _keep_inputs.append(bool(enabled))
+    try:
+        yield
+    finally:
+        _keep_inputs.pop()
+
+
+class DoubleBackwardRefused(RuntimeError):
+    """A second derivative through a Toeplitz kernel whose forward ran outside ``double_backward()``."""
+
+
 def _backward_products(ctx, grad_y, x, x_freq, spectrum, transposed_product):
     """(dL/dx, T) for both Functions; None for what autograd does not need.
 
@@ -101,6 +127,11 @@ def _backward_products(ctx, grad_y, x, x_freq, spectrum, transposed_product):
     want_x, want_kernel = ctx.needs_input_grad[0], any(ctx.needs_input_grad[1:])
     if not torch.is_grad_enabled():
         return _convolve_backward(ctx, grad_y, x_freq, spectrum, want_x, want_kernel)
+    if want_kernel and x is None:
+        raise DoubleBackwardRefused(
+            "a second derivative through a Toeplitz kernel (create_graph=True, hvp, hessian) needs its forward run inside "
+            "`with tokenmix.double_backward():`, which keeps the inputs it needs (off by default: it costs memory)"
+        )
     grad_x = transposed_product(grad_y) if want_x else None
     return grad_x, _differentiable_products(x, grad_y, ctx.fft_size) if want_kernel else None
 
@@ -117,15 +148,15 @@ class _SpectralConvolution(torch.autograd.Function):
     dtype; y and dL/dx have x's.
 
     Twice (and further) differentiable: with create_graph=True the backward is built from this
-    Function and plain FFTs (``_backward_products``), which is why x itself is saved beside rfft(x)
-    (the caller's tensor, before any cast: no copy of it is kept).
+    Function and plain FFTs (``_backward_products``). That needs x itself (the caller's tensor, before
+    any cast) saved beside rfft(x), which a forward inside ``double_backward()`` does.
     """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, spectrum: torch.Tensor, fft_size: int) -> torch.Tensor:
         keep_input = ctx.needs_input_grad[1]
         y, x_freq = _convolve(ctx, x, spectrum, fft_size, keep_input)
-        ctx.save_for_backward(x if keep_input else None, x_freq, spectrum)
+        ctx.save_for_backward(x if keep_input and _keep_inputs[-1] else None, x_freq, spectrum)
         return y
 
     @staticmethod
@@ -163,7 +194,7 @@ class _FactoredSpectralConvolution(torch.autograd.Function):
         keep_input = any(ctx.needs_input_grad[1:3])
         spectrum = complex_readout(basis, readout)
         y, x_freq = _convolve(ctx, x, spectrum, fft_size, keep_input)
-        ctx.save_for_backward(x if keep_input else None, x_freq, spectrum, basis, readout)
+        ctx.save_for_backward(x if keep_input and _keep_inputs[-1] else None, x_freq, spectrum, basis, readout)
         return y
 
     @staticmethod
