@@ -211,3 +211,8 @@ def test_finetune_refuses_what_it_cannot_start_from(corpus, glue, tmp_path, caps
     with pytest.raises(SystemExit):
         main(["finetune", str(causal), "--resume", "--out", str(causal)])
     assert "is not a fine-tuning run; continue it with `tokenmix train --resume`" in capsys.readouterr().err
+    for data, message in ([], "finetune needs --data: the classification task"), (["--data", corpus], "is not a classification task"):
+        with pytest.raises(SystemExit):
+            main(["finetune", str(causal), *data, "--out", str(tmp_path / "ft")])
+        error = capsys.readouterr().err
+        assert message in error and "--task" not in error  # finetune has no --task flag to suggest

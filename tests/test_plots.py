@@ -69,3 +69,40 @@ def test_ema_panel_is_the_operator_of_its_recurrence(causal):
     if not causal:
         response = response + naive_ema(impulses.flip(1), input_weight[1], decay[1], readout[1]).flip(1)
     torch.testing.assert_close(matrix, response[:, :, 1].t())
+
+
+def test_log_axes_are_labelled_at_the_lengths_and_at_round_values():
+    """Fails if a log axis keeps matplotlib's decade-only labels (one label, 1000, over 512..8192) or labels every minor tick."""
+    import matplotlib.pyplot as plt
+
+    from tokenmix.bench.report import _against_length, log_ticks
+
+    figure, axis = plt.subplots()
+    axis.plot([512, 2048, 8192], [61.0, 120.0, 390.0], label="tno")
+    _against_length(axis, "ms", "time")
+    figure.canvas.draw()
+    assert list(axis.get_xticks()) == [512, 2048, 8192]
+    labels = [label.get_text() for label in axis.get_yticklabels() if label.get_text()]
+    assert 3 <= len(labels) <= 8 and labels == sorted(labels, key=float)
+    assert all(not label.get_text() for label in axis.yaxis.get_minorticklabels())
+    plt.close(figure)
+    for low, high in ((60, 400), (1100, 2800), (0.5, 5000), (700, 1500)):
+        ticks = log_ticks(low, high)
+        assert 3 <= len(ticks) <= 8 and all(low <= tick <= high for tick in ticks), (low, high, ticks)
+
+
+def test_the_heatmap_colourbar_labels_stay_apart(tmp_path):
+    """The bar is labelled at each decade down to ten times the linear range and at 0, never at the linear
+    range's edges, whose labels sat on the 0."""
+    import matplotlib.pyplot as plt
+
+    from tokenmix.plots import DYNAMIC_RANGE, _heatmap
+
+    figure, axis = plt.subplots()
+    matrix = torch.linspace(-3.0, 2.0, 64).reshape(8, 8)
+    _heatmap(figure, axis, matrix, "T")
+    bar = figure.axes[-1]
+    ticks = [tick for tick in bar.get_yticks() if tick]
+    assert min(abs(tick) for tick in ticks) >= 10 * 3.0 * DYNAMIC_RANGE * 0.999 and max(ticks) == 3.0
+    assert 0.0 in bar.get_yticks() and len(set(label.get_text() for label in bar.get_yticklabels())) == len(bar.get_yticks())
+    plt.close(figure)

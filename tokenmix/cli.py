@@ -15,7 +15,7 @@ import sys
 import time
 import unicodedata
 import warnings
-from dataclasses import fields, replace
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import torch
@@ -57,17 +57,18 @@ def _use_threads(args) -> None:
         set_threads(args.threads)
 
 
-def _add_run_flags(parser, defaults: TrainConfig, skipped: tuple[str, ...] = ()) -> None:
-    """A flag per TrainConfig field (but ``skipped``) with its kind and help, -o options, --resume / --overwrite."""
+def _add_run_flags(parser, defaults: dict, skipped: tuple[str, ...] = (), helps: dict | None = None) -> None:
+    """A flag per TrainConfig field (but ``skipped``) with its kind, help (``helps`` override some) and the
+    default a help line shows (``defaults``), -o options, --resume / --overwrite."""
     for spec in fields(TrainConfig):
         if spec.name == "options" or spec.name in skipped:
             continue
         flag = f"--{spec.name.replace('_', '-')}"
-        kind, help_text = spec.metadata["kind"], spec.metadata["help"]
+        kind, help_text = spec.metadata["kind"], (helps or {}).get(spec.name, spec.metadata["help"])
         if kind is None:  # a switch
             parser.add_argument(flag, action="store_true", default=None, help=help_text)
             continue
-        default = getattr(defaults, spec.name)
+        default = defaults[spec.name]
         shown = "" if default is None else f" (default: {default})"
         parser.add_argument(flag, type=kind, default=None, help=help_text + kind.listing() + shown)
     parser.add_argument(
@@ -96,7 +97,7 @@ def _add_run_flags(parser, defaults: TrainConfig, skipped: tuple[str, ...] = ())
 
 def _add_train(subparsers) -> None:
     parser = subparsers.add_parser("train", help="train a model (defaults: the TNN char-LM demo on Shakespeare)")
-    _add_run_flags(parser, TrainConfig())
+    _add_run_flags(parser, asdict(TrainConfig()))
     parser.add_argument("--sample-tokens", type=Integer(0), default=300, help="length of the sample printed after training (0: none)")
     parser.set_defaults(handler=run_train)
 
@@ -125,7 +126,12 @@ def _add_finetune(subparsers) -> None:
         type=Existing("a pretrained run"),
         help="a run directory (or checkpoint.pt, or save_pretrained directory) trained with --task mlm",
     )
-    _add_run_flags(parser, replace(TrainConfig(), **FINETUNE_DEFAULTS), skipped=(*FROM_PRETRAINED, "recipe"))
+    data = (
+        "the classification task to fine-tune on (needed unless --resume): glue-TASK:DIR (cola, sst2, mrpc, qqp, stsb, mnli, qnli, "
+        "rte), listops[:DIR], lra-text:DIR, lra-retrieval:DIR, lra-image:DIR, lra-pathfinder:DIR, shapes (docs/language.md, docs/lra.md)"
+    )
+    defaults = {**asdict(TrainConfig()), **FINETUNE_DEFAULTS, "data": None}
+    _add_run_flags(parser, defaults, skipped=(*FROM_PRETRAINED, "recipe"), helps={"data": data})
     parser.set_defaults(handler=run_finetune, sample_tokens=0)
 
 
@@ -183,6 +189,15 @@ def run_finetune(args) -> int:
             if config.init is None:
                 raise ValueError(f"--resume: the run in {args.out!r} is not a fine-tuning run; continue it with `tokenmix train --resume`")
         else:
+            if args.data is None:
+                raise ValueError(
+                    "finetune needs --data: the classification task to fine-tune on, e.g. --data glue-sst2:DIR (docs/language.md)"
+                )
+            if "classify" not in objective_class(args.data).tasks:
+                raise ValueError(
+                    f"--data {args.data!r} is not a classification task; finetune trains a classifier: give glue-TASK:DIR, listops, "
+                    "lra-text:DIR, lra-retrieval:DIR, lra-image:DIR, lra-pathfinder:DIR or shapes"
+                )
             # a --minutes budget sets steps to None over the default step count
             pretrained = read_pretrained(args.pretrained)
             config = TrainConfig(**finetune_settings(pretrained, args.pretrained, {**FINETUNE_DEFAULTS, **_given_settings(args)}))

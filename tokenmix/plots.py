@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -68,12 +69,17 @@ def toeplitz_mixers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]
 
 
 def _heatmap(fig, ax, matrix: torch.Tensor, title: str) -> None:
+    """The matrix on a symmetric log colour scale; the bar is labelled at 0 and at each decade down from the
+    largest |value| to ten times the linear range (a label at its edge would sit on the 0)."""
     values = matrix.float().numpy()
     limit = float(abs(values).max()) or 1.0
     norm = SymLogNorm(linthresh=limit * DYNAMIC_RANGE, vmin=-limit, vmax=limit)
     image = ax.imshow(values, cmap="RdBu_r", norm=norm, interpolation="nearest")
     ax.set(title=title, xlabel="j (input position)", ylabel="i (output position)")
-    fig.colorbar(image, ax=ax, fraction=0.046, label="T[i, j] (symmetric log scale)")
+    decades = [limit * 10.0**-k for k in range(round(-math.log10(DYNAMIC_RANGE)))]
+    ticks = [-value for value in decades] + [0.0] + decades[::-1]
+    bar = fig.colorbar(image, ax=ax, fraction=0.046, label="T[i, j] (symmetric log scale)", ticks=ticks)
+    bar.ax.set_yticklabels([f"{tick:.0e}" if tick else "0" for tick in ticks])
 
 
 @torch.no_grad()

@@ -6,6 +6,7 @@ targets and the papers' claims they are read against live in the docs, not here.
 
 from __future__ import annotations
 
+import math
 import os
 from collections import defaultdict
 from pathlib import Path
@@ -102,13 +103,33 @@ def _against_length(axis, ylabel: str, title: str, log_y: bool = True, xlabel: s
     _legend(axis)
 
 
+# Mantissas of the labels of a log axis, from sparse to dense: the first that labels 3 to 8 values in the data's range.
+LOG_LABELS = ((1,), (1, 2, 5), (1, 1.5, 2, 3, 5, 7), (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 9))
+
+
+def log_ticks(low: float, high: float) -> list[float]:
+    """Values to label on a log axis spanning [low, high]: round numbers, at least 3 where the range allows."""
+    ticks: list[float] = []
+    for mantissas in LOG_LABELS:
+        decades = range(math.floor(math.log10(low)) - 1, math.ceil(math.log10(high)) + 1)
+        ticks = [m * 10.0**d for d in decades for m in mantissas if low <= m * 10.0**d <= high]
+        if len(ticks) >= 3:
+            return ticks if len(ticks) <= 8 else ticks[:: math.ceil(len(ticks) / 8)]
+    return ticks or [low, high]
+
+
 def _legend(axis) -> None:
-    from matplotlib.ticker import FuncFormatter
+    """Plain tick labels: on a log axis at the x data (sequence lengths) or at round values (``log_ticks``), no
+    minor labels; a grid; the legend beside the panel."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
     plain = FuncFormatter(lambda value, _: f"{value:g}")
-    for ticks in (axis.xaxis, axis.yaxis):
+    for ticks, scale, limits in ((axis.xaxis, axis.get_xscale(), axis.get_xlim()), (axis.yaxis, axis.get_yscale(), axis.get_ylim())):
+        if scale == "log":
+            data = sorted({float(v) for line in axis.get_lines() for v in (line.get_xdata() if ticks is axis.xaxis else ())})
+            ticks.set_major_locator(FixedLocator(data if 2 <= len(data) <= 10 else log_ticks(*limits)))
+            ticks.set_minor_formatter(NullFormatter())
         ticks.set_major_formatter(plain)
-        ticks.set_minor_formatter(plain if ticks is axis.yaxis and axis.get_yscale() == "log" else FuncFormatter(lambda *_: ""))
     axis.grid(True, which="both", alpha=0.3)
     if axis.get_legend_handles_labels()[0]:
         axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)

@@ -4,12 +4,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from tokenizers import Tokenizer as Backend
 from transformers import PreTrainedTokenizerFast
 
 from ..data.tokenizer import MASK, Tokenizer
+from ..files import default_file_mode
 from ..models.model import SequenceModel
 from ..models.pretrained import CONFIG_FILE, HF_MODEL_TYPE, read_json, read_saved
 from ..train.checkpoint import CHECKPOINT_FILE
@@ -69,6 +71,9 @@ def export(
     wrapped.save_pretrained(directory)
     if tokenizer is not None:
         hf_tokenizer(tokenizer).save_pretrained(directory)
+    for path in directory.iterdir():  # safetensors writes its files 0600: give them the mode the umask gives any file
+        if path.is_file():
+            os.chmod(path, default_file_mode())
     return directory
 
 
