@@ -11,11 +11,12 @@ def run(code: str) -> subprocess.CompletedProcess:
 
 
 def test_tokenmix_imports_trains_and_explains_the_hf_extra_without_transformers(tmp_path):
+    (tmp_path / "run").mkdir()
     result = run(
         "import tokenmix, tokenmix.cli\n"
         "model = tokenmix.build_model('tnn', vocab_size=20, dim=8, depth=1)\n"
         "try:\n    import tokenmix.hf\nexcept ImportError as error:\n    print('hf:', error)\n"
-        f"tokenmix.cli.main(['export-hf', {str(tmp_path / 'missing')!r}, {str(tmp_path / 'out')!r}])\n"
+        f"tokenmix.cli.main(['export-hf', {str(tmp_path / 'run')!r}, {str(tmp_path / 'out')!r}])\n"
     )
     assert 'hf: tokenmix.hf needs Hugging Face transformers: pip install "tokenmix[hf]"' in result.stdout
     assert result.returncode == 2 and 'error: tokenmix.hf needs Hugging Face transformers: pip install "tokenmix[hf]"' in result.stderr

@@ -58,6 +58,7 @@ def test_the_crafted_pickles_do_run_code_when_unpickled(marker, tmp_path):
     assert marker.exists()
 
 
+FINETUNE_DATA = ["--data", "listops:max_length=40:train=8:val=4:test=4"]
 # Each file of a run or an export, and the commands that read it ({run}/{out}: the copied run and a free folder).
 RUN_READERS = {
     "checkpoint.pt": [
@@ -66,12 +67,12 @@ RUN_READERS = {
         ["plot", "{run}", "--out", "{out}"],
         ["export-hf", "{run}", "{out}"],
         ["train", "--resume", "--out", "{run}"],
-        ["finetune", "{run}", "--out", "{out}"],
+        ["finetune", "{run}", "--out", "{out}", *FINETUNE_DATA],
     ],
     "tokenizer.json": [["eval", "{run}"], ["generate", "{run}", "--max-new-tokens", "2"], ["train", "--resume", "--out", "{run}"]],
-    "model/config.json": [["finetune", "{run}/model", "--out", "{out}"]],
-    "model/model.safetensors": [["finetune", "{run}/model", "--out", "{out}"]],
-    "model/tokenizer.json": [["finetune", "{run}/model", "--out", "{out}"]],
+    "model/config.json": [["finetune", "{run}/model", "--out", "{out}", *FINETUNE_DATA]],
+    "model/model.safetensors": [["finetune", "{run}/model", "--out", "{out}", *FINETUNE_DATA]],
+    "model/tokenizer.json": [["finetune", "{run}/model", "--out", "{out}", *FINETUNE_DATA]],
     "metrics.jsonl": [["train", "--resume", "--out", "{run}", "--steps", "3"]],
 }
 EXPORT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")

@@ -193,6 +193,27 @@ def _transformer_recipes() -> None:
         _add(f"lra-{task}-transformer", description, TRANSFORMER_SOURCE, model="transformer", options=options, **common)
 
 
+# --- Every LRA recipe at CPU scale (docs/lra.md, "Every preset on a CPU"): the same model, options and optimizer,
+# two layers of width 64 (Path-X: 32), batches that fit 4 GB, less data, 10 minutes of training on one core. ---
+LRA_CPU = {
+    "listops": dict(data="listops:max_length=256:min_length=30:train=20000", batch_size=32),
+    "text": dict(data="lra-text:DIR:max_length=1024", batch_size=8),
+    "retrieval": dict(data="lra-retrieval:DIR:max_length=1024", batch_size=4),
+    "image": dict(data="lra-image:DIR", batch_size=16),
+    "pathfinder": dict(data="lra-pathfinder:DIR:resolution=32:limit=20", batch_size=16),
+    "pathx": dict(data="lra-pathfinder:DIR:resolution=128:limit=5", batch_size=2, dim=32),
+}
+LRA_CPU_COMMON = dict(dim=64, depth=2, steps=None, minutes=10.0, warmup=100, threads=1, eval_every=200, eval_tokens=65536)
+
+
+def _lra_cpu_recipes() -> None:
+    for name in [name for name in list_recipes() if name.startswith("lra-")]:
+        task, full = name.split("-")[1], recipe(name)
+        settings = {**full.settings, **LRA_CPU_COMMON, **LRA_CPU[task]}
+        described = f"{full.description}, at CPU scale: {settings['depth']} x {settings['dim']}, 10 minutes on one core"
+        _add(f"{name}-cpu", described, f"{full.source}; scaled to a CPU by this library (docs/lra.md)", **settings)
+
+
 # --- ListOps at CPU scale: every model with the same data, size, optimizer and time budget (docs/lra.md) ---
 LISTOPS_CPU_DATA = "listops:max_length=256:min_length=30:train=20000"  # 30 < length < 256, the release's depth and arguments
 LISTOPS_CPU_MODELS = ("tnn", "fd_tnn", "ski_tnn", "tcnca", "mega", "transformer")
@@ -326,6 +347,7 @@ def _language_recipes() -> None:
 _tnn_recipes()
 _mega_recipes()
 _transformer_recipes()
+_lra_cpu_recipes()
 _listops_cpu_recipes()
 _shapes_recipes()
 _language_recipes()
