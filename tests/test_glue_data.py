@@ -197,7 +197,7 @@ def test_header_without_expected_column(glue):
         ("SST-2", "sst2", "sentence\tlabel\ngood\t2\n", r"line 2: label '2' is not one of \['0', '1'\]"),
         ("CoLA", "cola", "gj04\t1\t\tfine.\ngj04\tyes\t\tbad.\n", r"line 2: label 'yes'"),
         ("CoLA", "cola", "gj04\t1\tfine.\n", r"line 1: 3 tab-separated fields, expected 4; expected no header"),
-        ("STS-B", "stsb", "sentence1\tsentence2\tscore\na\tb\tfive\n", r"line 2: score 'five' is not a finite number"),
+        ("STS-B", "stsb", "sentence1\tsentence2\tscore\na\tb\tfive\n", r"line 2: score 'five' is not a number from 0 to 5"),
         ("STS-B", "stsb", "sentence1\tsentence2\tscore\na\tb\tnan\n", r"line 2: score 'nan'"),
         ("MRPC", "mrpc", "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tonly one string\n", r"line 2: 4 tab-separated"),
         ("QNLI", "qnli", "index\tquestion\tsentence\tlabel\n0\tq\ts\tneutral\n", r"label 'neutral'"),

@@ -29,7 +29,7 @@ from .mixers.registry import list_mixers
 from .models.registry import list_models
 from .runtime import retain_freed_memory, set_threads
 from .table import format_table
-from .train.checkpoint import load_checkpoint, model_from_checkpoint
+from .train.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint, train_config_of
 from .train.evaluate import SCORES, describe
 from .train.finetune import FROM_PRETRAINED, finetune_settings, read_pretrained
 from .train.generate import StopRule, check_sampling, generate, naive_generate
@@ -159,7 +159,8 @@ def train_config_from_args(args) -> TrainConfig:
         return config
     if "recipe" in given:
         raise ValueError("--recipe starts a run; --resume continues one with the settings it was started with")
-    saved = load_checkpoint(Path(given.get("out", TrainConfig.out)))["train_config"]
+    file = resolve_checkpoint(Path(given.get("out", TrainConfig.out)))
+    saved = asdict(train_config_of(load_checkpoint(file), file))  # the checkpoint's own settings, checked before flags change them
     if "options" in given:  # -o adds to the run's options
         given["options"] = {**saved.get("options", {}), **given["options"]}
     return TrainConfig.from_dict({**saved, **given})

@@ -79,6 +79,8 @@ class StreamState:
     @staticmethod
     def from_plain(data: dict, where: str = "state") -> StreamState:
         """The state ``to_plain`` gave; ValueError (naming ``where``) for an unknown class or fields."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{where} is not a saved streaming state (a dict of its fields), got {type(data).__name__}")
         cls = _STATE_CLASSES.get(data.get(STATE_TYPE_KEY)) if isinstance(data.get(STATE_TYPE_KEY), str) else None
         if cls is None:
             named = data.get(STATE_TYPE_KEY)
@@ -88,7 +90,7 @@ class StreamState:
         missing = dataclasses.MISSING
         required = {f.name for f in dataclasses.fields(cls) if f.default is missing and f.default_factory is missing}
         if set(given) - names or required - set(given):
-            raise ValueError(f"{where} ({cls.__name__}) has fields {sorted(given)}; expected {sorted(names)}")
+            raise ValueError(f"{where} ({cls.__name__}) has fields {sorted(map(str, given))}; expected {sorted(names)}")
         return cls(**{key: _from_plain(value, f"{where}.{key}") for key, value in given.items()})
 
     def to(self: S, device=None, dtype: torch.dtype | None = None) -> S:

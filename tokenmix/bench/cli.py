@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import platform
 import shlex
 import sys
@@ -24,7 +25,16 @@ from ..version import source_revision
 from .cases import CASE_KINDS, DTYPES, GENERATE_KINDS, KINDS, MIXER_KINDS, TRAINING_KINDS, Case, batch_for, supports
 from .measure import measure
 from .records import failed_measurement
-from .report import comparison_rows, condition_differences, markdown_report, sections, table_columns, write_plots
+from .report import (
+    COMPARED_SETTINGS,
+    CONDITIONS,
+    comparison_rows,
+    condition_differences,
+    markdown_report,
+    sections,
+    table_columns,
+    write_plots,
+)
 from .worker import run_in_subprocess
 
 FULL = {
@@ -287,14 +297,36 @@ def read_records(path: str) -> list[dict]:
     required = {"mixer", "causal", "length", "forward_ms", "forward_backward_ms"}  # "kind" came later: default "mixer"
     if isinstance(records, list):  # decoding records (--kinds generate) are not compared
         records = [r for r in records if not (isinstance(r, dict) and r.get("kind") in GENERATE_KINDS)]
-    if not isinstance(records, list) or not all(isinstance(r, dict) and required <= set(r) for r in records):
+    if not isinstance(records, list) or not records or not all(isinstance(r, dict) and required <= set(r) for r in records):
         raise ValueError(f"{path!r} is not a `tokenmix bench --output` file: expected a list of records with {sorted(required)}")
-    for record in records:
-        times = [record[field] for field in ("forward_ms", "forward_backward_ms")]
-        if not record.get("error") and not all(isinstance(time, (int, float)) and time > 0 for time in times):
-            name, length = record["mixer"], record["length"]
-            raise ValueError(f"{path!r}: the record of {name!r} at length {length} has times {times}, not positive numbers")
+    for number, record in enumerate(records):
+        problem = _record_problem(record)
+        if problem:
+            raise ValueError(f"{path!r}: record {number} ({record.get('mixer')!r:.40} at length {record.get('length')!r:.20}) {problem}")
     return records
+
+
+SETTING_KINDS = {"dim": int, "batch": int, "threads": int, "retain_freed_memory": bool}  # the others are strings
+
+
+def _record_problem(record: dict) -> str | None:
+    """What is wrong with a bench record's identity, settings or times (None: nothing)."""
+    integer = lambda value: isinstance(value, int) and not isinstance(value, bool) and value > 0  # noqa: E731
+    if not isinstance(record.get("kind", "mixer"), str) or not isinstance(record["mixer"], str):
+        return "has a kind or name that is not a string"
+    if not isinstance(record["causal"], bool) or not integer(record["length"]):
+        return "must have a causal flag (true or false) and a length > 0"
+    for key in (*COMPARED_SETTINGS, *CONDITIONS):
+        kind = SETTING_KINDS.get(key, str)
+        if record.get(key) is not None and not (isinstance(record[key], kind) and (kind is bool or not isinstance(record[key], bool))):
+            return f"has {key} {record[key]!r:.30}, not a {kind.__name__}"
+    if record.get("error") is not None and not isinstance(record["error"], str):
+        return "has an error that is not a string"
+    times = [record[field] for field in ("forward_ms", "forward_backward_ms")]
+    positive = lambda time: isinstance(time, (int, float)) and not isinstance(time, bool) and 0 < time < math.inf  # noqa: E731
+    if not record.get("error") and not all(map(positive, times)):
+        return f"has times {times}, not positive numbers"
+    return None
 
 
 def run_compare(args) -> int:

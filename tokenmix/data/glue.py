@@ -12,7 +12,7 @@ Layouts (tab separated, UTF-8; quotes are literal characters, so no CSV quoting 
 - MRPC: header ``Quality, #1 ID, #2 ID, #1 String, #2 String``; label = Quality, 0 not_equivalent,
   1 equivalent.
 - QQP: header naming ``question1, question2, is_duplicate``; 0 not_duplicate, 1 duplicate.
-- STS-B: header naming ``sentence1, sentence2, score``; the score is a float (regression, no classes).
+- STS-B: header naming ``sentence1, sentence2, score``; the score is a number from 0 to 5 (regression, no classes).
 - MNLI: header naming ``sentence1, sentence2, gold_label``; entailment 0, neutral 1, contradiction 2.
 - QNLI: header naming ``question, sentence, label``; entailment 0, not_entailment 1.
 - RTE: header naming ``sentence1, sentence2, label``; entailment 0, not_entailment 1.
@@ -89,7 +89,7 @@ _TASKS = {
         _BINARY,
         skip_short_rows=True,
     ),
-    "stsb": _Task("STS-B", "header with columns sentence1, sentence2, score (a float)", "sentence1", "sentence2", "score", None, None),
+    "stsb": _Task("STS-B", "header with columns sentence1, sentence2, score (0 to 5)", "sentence1", "sentence2", "score", None, None),
     "mnli": _Task(
         "MNLI",
         "header with columns sentence1, sentence2, gold_label (entailment/neutral/contradiction)",
@@ -202,8 +202,8 @@ def _read_split(task: _Task, name: str, path: Path) -> tuple[GlueSplit, int]:
                 score = float(value)
             except ValueError:
                 score = math.nan
-            if not math.isfinite(score):
-                raise ValueError(f"{where} line {number}: score {value!r} is not a finite number; expected {task.layout}")
+            if not 0 <= score <= 5:
+                raise ValueError(f"{where} line {number}: score {value!r} is not a number from 0 to 5; expected {task.layout}")
             labels.append(score)
         else:
             if value not in task.label_values:
@@ -212,6 +212,8 @@ def _read_split(task: _Task, name: str, path: Path) -> tuple[GlueSplit, int]:
         firsts.append(fields[first])
         if second is not None:
             seconds.append(fields[second])
+    if not labels:
+        raise ValueError(f"{where} holds no examples; expected {task.layout}")
     dtype = torch.int64 if task.label_values is not None else torch.float32
     return GlueSplit(firsts, seconds if second is not None else None, torch.tensor(labels, dtype=dtype)), short
 

@@ -57,9 +57,13 @@ def grayscale(planes: np.ndarray) -> np.ndarray:
 def _read_python_batch(path: Path) -> tuple[np.ndarray, list[int]]:
     try:
         batch = load_arrays_pickle(PYTHON_RELEASE.read(path))
-        data, labels = batch[b"data"], [int(label) for label in batch[b"labels"]]
+        data, labels = batch[b"data"], list(batch[b"labels"])
         if not isinstance(data, np.ndarray) or data.dtype != np.uint8:
             raise TypeError(f"its data is {getattr(data, 'dtype', type(data).__name__)}, not uint8")
+        wrong = [label for label in labels if isinstance(label, bool) or not isinstance(label, (int, np.integer))]
+        if wrong:
+            raise TypeError(f"its labels must be integers, not {wrong[0]!r}")
+        labels = [int(label) for label in labels]
     except (pickle.UnpicklingError, EOFError, KeyError, IndexError, TypeError, ValueError) as error:
         raise ValueError(f"lra-image: {path} is not a CIFAR-10 python batch ({error}); expected {PYTHON_RELEASE.expected}") from None
     return _checked(path, data, labels)

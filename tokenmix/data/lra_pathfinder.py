@@ -52,7 +52,13 @@ def _listing(layout: Layout, root, limit: int | None) -> list[tuple[str, int]]:
         raise ValueError(f"lra-pathfinder: {root / 'metadata'} holds no <k>.npy files; expected {layout.expected}")
     entries = []
     for path in files[:limit]:
-        for number, line in enumerate(layout.read(path).decode("utf-8", "replace").splitlines(), start=1):
+        try:
+            lines = layout.read(path).decode("utf-8").splitlines()
+        except UnicodeDecodeError as error:
+            raise ValueError(f"lra-pathfinder: {path} is not a metadata text file (invalid UTF-8 at byte {error.start})") from None
+        if not any(line.strip() for line in lines):
+            raise ValueError(f"lra-pathfinder: {path} lists no images; expected lines 'imgs/<k> sample_<i>.png <n> <label 0 or 1> ...'")
+        for number, line in enumerate(lines, start=1):
             fields = line.split()
             if len(fields) < 4 or fields[3] not in ("0", "1"):
                 raise ValueError(
@@ -67,7 +73,7 @@ def _pixels(data: bytes) -> np.ndarray | None:
     try:
         with Image.open(io.BytesIO(data)) as image:
             return np.asarray(image.convert("L"))
-    except (UnidentifiedImageError, OSError, ValueError):
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
         return None
 
 

@@ -45,6 +45,9 @@ def _review_files(root, split: str) -> list[tuple[Path, int]]:
 def _read_split(root, split: str, max_length: int) -> Examples:
     files = _review_files(root, split)
     texts = [RELEASE.read(path)[:max_length] for path, _ in progress_bar(files, desc=f"imdb {split}", unit="file")]
+    empty = [path for (path, _), text in zip(files, texts, strict=True) if not text]
+    if empty:
+        raise ValueError(f"lra-text: {empty[0]} is empty{f' (and {len(empty) - 1} more)' if len(empty) > 1 else ''}; a review has text")
     return Examples.from_sequences(texts, [label for _, label in files], dtype=torch.uint8)
 
 

@@ -80,7 +80,8 @@ def load_data(source: str, length: int, seed: int = 0, tokenizer: str | Tokenize
         return parse_recall(source, length, seed)
     wikitext = parse_source(source, WIKITEXT)
     corpus = load_wikitext(wikitext.directory, **wikitext.take_all({"variant": str})) if wikitext else load_corpus(source)
-    return tokenize_corpus(corpus, resolve_tokenizer(tokenizer, split_bytes(corpus, "train"), progress), progress)
+    tokenizer = resolve_tokenizer(tokenizer, split_bytes(corpus, "train"), progress, f"data {corpus.source!r} (its train split)")
+    return tokenize_corpus(corpus, tokenizer, progress)
 
 
 def source_kind(source: str) -> str:

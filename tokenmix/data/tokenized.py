@@ -45,8 +45,11 @@ def split_bytes(corpus: ByteCorpus, name: str) -> bytes:
     return corpus.split(name).numpy().tobytes()
 
 
-def resolve_tokenizer(spec: str | Tokenizer, training_text: bytes | None = None, progress: bool = False) -> Tokenizer:
-    """``--tokenizer`` as a Tokenizer: bytes, a saved file, or a BPE learnt from ``training_text`` (cached)."""
+def resolve_tokenizer(
+    spec: str | Tokenizer, training_text: bytes | None = None, progress: bool = False, source: str = "the training split"
+) -> Tokenizer:
+    """``--tokenizer`` as a Tokenizer: bytes, a saved file, or a BPE learnt from ``training_text`` (cached;
+    ``source`` says where the text came from, for errors)."""
     if isinstance(spec, Tokenizer):
         return spec
     kind, value = parse_tokenizer_spec(spec)
@@ -65,35 +68,41 @@ def resolve_tokenizer(spec: str | Tokenizer, training_text: bytes | None = None,
         except Exception:  # a damaged entry (the library raises bare Exceptions) is learnt again
             path.unlink(missing_ok=True)
     started = time.perf_counter()
-    tokenizer = train_bpe(training_text, value, progress=progress)
+    tokenizer = train_bpe(training_text, value, progress=progress, source=source)
     store(path, lambda file: file.write(tokenizer.to_json().encode()))
     say(f"tokenizer {spec}: learnt from {len(training_text):,} bytes in {time.perf_counter() - started:.1f} s, cached at {path}", progress)
     return tokenizer
 
 
-def cached_encode(tokenizer: Tokenizer, data: bytes, progress: bool = False) -> tuple[torch.Tensor, str]:
-    """``tokenizer.encode(data)`` through the cache, and a note of what it cost."""
+def cached_encode(tokenizer: Tokenizer, data: bytes, progress: bool = False, source: str = "the data") -> tuple[torch.Tensor, str]:
+    """``tokenizer.encode(data, source=source)`` through the cache, and a note of what it cost."""
     if tokenizer.is_bytes:
         return tokenizer.encode(data), "bytes are their own ids"
     started = time.perf_counter()
     path = cache_directory() / "tokens" / f"{cache_key(tokenizer.to_json(), data)}.npy"
     if path.is_file():
         try:
-            ids = torch.from_numpy(np.load(path, allow_pickle=False))
-            return ids, f"{len(ids):,} tokens read from the cache in {time.perf_counter() - started:.2f} s"
-        except (OSError, ValueError):  # a damaged entry is tokenized again
-            path.unlink(missing_ok=True)
-    ids = tokenizer.encode(data, progress=progress)
+            ids = np.load(path, allow_pickle=False)
+            if isinstance(ids, np.ndarray) and ids.dtype == np.int32 and ids.ndim == 1 and _in_range(ids, tokenizer.vocab_size):
+                return torch.from_numpy(ids), f"{len(ids):,} tokens read from the cache in {time.perf_counter() - started:.2f} s"
+        except Exception:  # whatever numpy makes of a damaged entry (ValueError, EOFError, zipfile's errors, ...)
+            pass
+        path.unlink(missing_ok=True)  # a damaged entry is tokenized again
+    ids = tokenizer.encode(data, progress=progress, source=source)
     seconds = time.perf_counter() - started
     store(path, lambda file: np.save(file, ids.numpy()))
     return ids, f"{len(data):,} bytes -> {len(ids):,} tokens in {seconds:.2f} s ({len(data) / max(len(ids), 1):.2f} bytes/token), cached"
+
+
+def _in_range(ids: np.ndarray, vocab_size: int) -> bool:
+    return ids.size == 0 or 0 <= int(ids.min()) <= int(ids.max()) < vocab_size
 
 
 def tokenize_corpus(corpus: ByteCorpus, tokenizer: Tokenizer, progress: bool = False) -> TokenCorpus:
     """The corpus as ids of ``tokenizer``, split by split (each through the cache)."""
     splits, notes = {}, []
     for name in SPLITS:
-        splits[name], note = cached_encode(tokenizer, split_bytes(corpus, name), progress)
+        splits[name], note = cached_encode(tokenizer, split_bytes(corpus, name), progress, f"data {corpus.source!r} (its {name} split)")
         if len(splits[name]) < 2:
             raise ValueError(f"data {corpus.source!r}: the {name} split holds {len(splits[name])} tokens; at least 2 are needed")
         notes.append(f"{name}: {note}")

@@ -77,6 +77,8 @@ class Tokenizer:
         self.backend, self.source = backend, source
         backend.encode_special_tokens = True  # "</s>" written in a text is text, never the special id
         vocab = backend.get_vocab(with_added_tokens=True)
+        if not backend.get_vocab(with_added_tokens=False):
+            raise ValueError(f"tokenizer {source!r} has no tokens (special ones aside): its vocabulary is empty")
         self.vocab_size = max(vocab.values()) + 1  # ids a file leaves unused still count
         if not _decodes_byte_level(backend):
             raise ValueError(
@@ -123,8 +125,8 @@ class Tokenizer:
         return max(self.vocab_size, self.mask_id + 1)
 
     # encoding -------------------------------------------------------------------------------
-    def encode(self, data: bytes | str, progress: bool = False) -> torch.Tensor:
-        """Token ids (1-D; uint8 for bytes, int32 otherwise). BPE reads UTF-8 text."""
+    def encode(self, data: bytes | str, progress: bool = False, source: str = "the data") -> torch.Tensor:
+        """Token ids (1-D; uint8 for bytes, int32 otherwise). BPE reads UTF-8 text (ValueError naming ``source`` otherwise)."""
         raw = data.encode() if isinstance(data, str) else bytes(data)
         if self.is_bytes:
             return as_tensor(raw)
@@ -132,7 +134,7 @@ class Tokenizer:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as error:
             raise ValueError(
-                f"tokenizer {self.name!r} reads UTF-8 text; the data has invalid UTF-8 at byte {error.start}: use --tokenizer bytes"
+                f"tokenizer {self.name!r} reads UTF-8 text; {source} has invalid UTF-8 at byte {error.start}: use --tokenizer bytes"
             ) from None
         lines = text.splitlines(keepends=True)
         parts = [np.zeros(0, dtype=np.int32)]
@@ -194,14 +196,15 @@ def byte_tokenizer() -> Tokenizer:
     return Tokenizer(_byte_level(Backend(models.BPE(vocab=vocab, merges=[]))), BYTES)
 
 
-def train_bpe(text: bytes, vocab_size: int, progress: bool = False) -> Tokenizer:
-    """A byte-level BPE of ``vocab_size`` entries (special tokens and the 256 bytes included) learnt from ``text``."""
+def train_bpe(text: bytes, vocab_size: int, progress: bool = False, source: str = "the training split") -> Tokenizer:
+    """A byte-level BPE of ``vocab_size`` entries (special tokens and the 256 bytes included) learnt from ``text``
+    (UTF-8; ValueError naming ``source`` otherwise)."""
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < MIN_BPE_VOCAB:
         raise ValueError(f"bpe vocabulary must be an integer >= {MIN_BPE_VOCAB} (special tokens and the 256 bytes), got {vocab_size!r}")
     try:
         lines = text.decode("utf-8").splitlines(keepends=True)
     except UnicodeDecodeError as error:
-        raise ValueError(f"a BPE learns from UTF-8 text; the training split has invalid UTF-8 at byte {error.start}") from None
+        raise ValueError(f"a BPE learns from UTF-8 text; {source} has invalid UTF-8 at byte {error.start}") from None
     backend = _byte_level(Backend(models.BPE()))
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

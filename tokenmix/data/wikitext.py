@@ -25,8 +25,15 @@ def load_wikitext(directory: str | None, *, variant: str = "tokens") -> ByteCorp
         raise ValueError(f"data {NAME!r}: variant must be one of {list(VARIANTS)}, got {variant!r}")
     layout = Layout(NAME, f"the WikiText release files wiki.{{train,valid,test}}.{variant}", FOLDERS)
     root = layout.root(directory, f"wiki.train.{variant}")
-    splits = {split: as_tensor(layout.read(layout.require(root, f"wiki.{name}.{variant}"))) for split, name in SPLIT_FILES.items()}
-    for split, data in splits.items():
-        if data.numel() < 2:
-            raise ValueError(f"data {NAME!r}: {root / f'wiki.{SPLIT_FILES[split]}.{variant}'} is empty")
+    splits = {}
+    for split, name in SPLIT_FILES.items():
+        path = layout.require(root, f"wiki.{name}.{variant}")
+        data = layout.read(path)
+        if len(data) < 2:
+            raise ValueError(f"data {NAME!r}: {path} is empty")
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"data {NAME!r}: {path} is not UTF-8 text (invalid byte at {error.start}) as the release is") from None
+        splits[split] = as_tensor(data)
     return ByteCorpus(f"{NAME}:{directory}:variant={variant}", **splits)

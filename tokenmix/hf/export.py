@@ -7,14 +7,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import torch
 from tokenizers import Tokenizer as Backend
 from transformers import PreTrainedTokenizerFast
 
 from ..data.tokenizer import MASK, Tokenizer
 from ..files import default_file_mode
 from ..models.model import SequenceModel
-from ..models.pretrained import CONFIG_FILE, HF_MODEL_TYPE, read_json, read_saved
+from ..models.pretrained import CONFIG_FILE, HF_MODEL_TYPE, WEIGHTS_FILE, check_weights, read_json, read_saved
 from ..train.checkpoint import CHECKPOINT_FILE
+from . import settings
 from .configuration import TokenmixConfig
 from .modeling import TokenmixForCausalLM, TokenmixForMaskedLM, TokenmixForSequenceClassification
 
@@ -86,16 +88,28 @@ def check_export(directory) -> None:
         raise ValueError(
             f"{str(directory)!r} is a run directory; transformers reads a folder written by `tokenmix export-hf {directory} DIR`"
         )
-    config, _ = read_saved(directory)
-    if read_json(directory / CONFIG_FILE, "model config").get("model_type") != HF_MODEL_TYPE:
+    config, weights = read_saved(directory)
+    transformers_config = read_json(directory / CONFIG_FILE, "model config")
+    if transformers_config.get("model_type") != HF_MODEL_TYPE:
         raise ValueError(
             f"{str(directory / CONFIG_FILE)!r} has no model_type {HF_MODEL_TYPE!r}: a save_pretrained folder, not a transformers "
             "export; write one with `tokenmix export-hf`"
         )
+    settings.check_config(directory / CONFIG_FILE, transformers_config, config)
+    with torch.device("meta"):  # the shapes alone: no memory for the weights
+        check_weights(SequenceModel(config), weights, repr(str(directory / WEIGHTS_FILE)))
+    files = {}
     for name in SETTINGS_FILES:
-        if (directory / name).exists() and not isinstance(read_json(directory / name, "transformers settings file"), dict):
-            raise ValueError(f"{str(directory / name)!r} must hold a JSON object")
+        if (directory / name).exists():
+            files[name] = read_json(directory / name, "transformers settings file")
+            if not isinstance(files[name], dict):
+                raise ValueError(f"{str(directory / name)!r} must hold a JSON object")
     tokenizer = Tokenizer.load(directory)
-    if tokenizer.vocab_size > config.vocab_size:
+    spelled = max((index for index, piece in enumerate(tokenizer.token_bytes) if piece), default=-1) + 1  # a byte LM's <mask> may lie past
+    if spelled > config.vocab_size:
         file = directory / "tokenizer.json"
-        raise ValueError(f"{str(file)!r} has {tokenizer.vocab_size} ids but the model {config.vocab_size}: not this model's tokenizer")
+        raise ValueError(f"{str(file)!r} has {spelled} ids but the model {config.vocab_size}: not this model's tokenizer")
+    if "generation_config.json" in files:
+        settings.check_generation(directory / "generation_config.json", files["generation_config.json"], config.vocab_size)
+    if "tokenizer_config.json" in files:
+        settings.check_tokenizer_settings(directory / "tokenizer_config.json", files["tokenizer_config.json"], tokenizer)

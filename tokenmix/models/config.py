@@ -2,8 +2,8 @@
 
 A config names the model, its task and sizes, and *every* constructor option of its blocks and
 mixers with defaults filled in (``resolve_model_options``), so a saved model reloads as the same
-model after a default changes. Configs of format 2 and later are read strictly: an unknown key
-or a newer format is a ValueError. Format 3 added the classification head's ``pool`` and
+model after a default changes. Configs of format 2 and later are read strictly: an unknown or
+missing key, or a newer format, is a ValueError. Format 3 added the classification head's ``pool`` and
 ``documents`` (format 2 configs read as "mean" and 1, the only head they had). Format 1 (tokenmix 0.1, no version field) recorded only the
 options a user passed; it is still read, with a warning that today's defaults fill the rest.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 
 from ..validation import check_int
 from ..version import __version__
@@ -20,6 +20,10 @@ from .registry import TASKS, resolve_model_options
 
 FORMAT_VERSION = 3
 POOLS = ("mean", "first", "last")
+# The keys of each format (format 1 recorded no versions; format 3 added the classification head's pool and documents).
+FORMAT_KEYS = {1: {"name", "task", "vocab_size", "dim", "depth", "num_classes", "options"}}
+FORMAT_KEYS[2] = FORMAT_KEYS[1] | {"format_version", "tokenmix_version"}
+FORMAT_KEYS[3] = FORMAT_KEYS[2] | {"pool", "documents"}
 
 
 @dataclass
@@ -86,12 +90,15 @@ class ModelConfig:
                 f"config format_version {version!r} (written by tokenmix {written}) is not one this tokenmix "
                 f"({__version__}, formats 1 to {FORMAT_VERSION}) reads: a newer tokenmix wrote it, or the file is damaged"
             )
-        known = {spec.name for spec in fields(cls)}
-        unknown = sorted(set(data) - known)
+        known = FORMAT_KEYS[version]
+        unknown = sorted(map(str, set(data) - known))
         if unknown:
             raise ValueError(f"config has unknown keys {unknown}; format {version} configs have {sorted(known)}")
-        if "name" not in data:
-            raise ValueError("config has no 'name' (the model's name)")
+        missing = sorted(known - set(data)) if version > 1 else [] if "name" in data else ["name"]
+        if missing:
+            raise ValueError(f"config lacks {missing}: a format {version} config records every field ({sorted(known)})")
+        if not isinstance(data.get("tokenmix_version", ""), str):
+            raise ValueError(f"config tokenmix_version must be a version string, got {data['tokenmix_version']!r}")
         if version == 1:
             warnings.warn(
                 "this config predates tokenmix 0.2 (format 1) and records only the options passed by hand; "

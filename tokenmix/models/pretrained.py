@@ -52,6 +52,13 @@ def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], sourc
     """Copy ``weights`` (read from ``source``) into ``model``, whose keys and shapes they must match
     (every key when ``strict``, else those ``weights`` has); ValueError naming ``source`` and the
     differences otherwise."""
+    check_weights(model, weights, source, strict)
+    model.load_state_dict(weights, strict=strict)
+
+
+def check_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], source: str, strict: bool = True) -> None:
+    """ValueError naming ``source`` unless ``weights`` fit ``model`` as ``load_weights`` needs (a model
+    on the meta device will do: only shapes and dtypes are compared)."""
     own = model.state_dict()
     missing = sorted(key for key in own if key not in weights) if strict else []
     unexpected = sorted(key for key in weights if key not in own)
@@ -72,7 +79,6 @@ def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], sourc
             if items
         )
         raise ValueError(f"{source}: its weights do not fit the model its config describes ({model.config.name}): {found}")
-    model.load_state_dict(weights, strict=strict)
 
 
 def read_saved(directory) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
@@ -102,5 +108,5 @@ def from_pretrained(directory, device=None, dtype: torch.dtype | None = None) ->
     model = SequenceModel(config)
     saved = next((tensor.dtype for tensor in weights.values() if tensor.is_floating_point()), None)
     model.to(dtype=saved)  # the saved precision unless ``dtype`` says otherwise
-    load_weights(model, weights, repr(str(Path(directory) / WEIGHTS_FILE)))
+    load_weights(model, weights, f"{str(Path(directory) / WEIGHTS_FILE)!r} (with {CONFIG_FILE} beside it)")
     return model.to(device=resolve_device(device or "cpu"), dtype=dtype)

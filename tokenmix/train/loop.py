@@ -36,7 +36,6 @@ from ..models.pretrained import load_weights, save_pretrained
 from ..models.registry import list_models, resolve_model_options
 from ..progress import progress_bar
 from ..runtime import set_threads
-from ..state import StreamState
 from ..validation import set_finite_checks
 from .checkpoint import (
     CHECKPOINT_FILE,
@@ -44,9 +43,13 @@ from .checkpoint import (
     check_tokenizer_beside,
     checkpoint_tokenizer,
     load_checkpoint,
+    load_optimizer_state,
+    model_config_of,
     restore_rng_state,
     rng_state,
     save_checkpoint,
+    segment_state_of,
+    train_config_of,
 )
 from .distributed import DistributedContext, init_distributed
 from .evaluate import describe
@@ -171,9 +174,9 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict) -> TrainConfig:
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(map(repr, set(data) - known))
         if unknown:
-            raise ValueError(f"train config has unknown keys {unknown} (written by a newer tokenmix?)")
+            raise ValueError(f"train config has unknown keys {', '.join(unknown)} (written by a newer tokenmix?)")
         return cls(**data)
 
     def model_config(self, data_fields: dict) -> ModelConfig:
@@ -188,10 +191,10 @@ class TrainConfig:
         return ModelConfig(self.model, self.task, dim=self.dim, depth=self.depth, options=options, **pool, **fields)
 
 
-def _check_world_size(checkpoint: dict, world_size: int) -> None:
+def _check_world_size(checkpoint: dict, world_size: int, path: Path) -> None:
     written_by = len(checkpoint.get("segment_states") or [None] * world_size)
     if written_by != world_size:
-        raise ValueError(f"--resume: the checkpoint was written by {written_by} processes; resume with as many")
+        raise ValueError(f"--resume: checkpoint {str(path)!r} was written by {written_by} processes; resume with as many")
 
 
 def _to_device(state: ModelState | None, device) -> ModelState | None:
@@ -270,7 +273,8 @@ class Trainer:
         else:
             tokenizer = config.tokenizer
         # the embedding rows a fine-tuned model keeps from its pretrained one (and a resumed one from itself)
-        self.initial_vocab = saved["model_config"]["vocab_size"] if saved else self.pretrained and self.pretrained.config.vocab_size
+        pretrained_vocab = self.pretrained and self.pretrained.config.vocab_size
+        self.initial_vocab = model_config_of(saved, self.out / CHECKPOINT_FILE).vocab_size if saved else pretrained_vocab
         # fails before any training on a bad path; a BPE is learnt (or read from the cache) here
         with record_reads() as reads:
             self.data: DataSource = load_data(config.data, config.seq_len, config.seed, tokenizer, progress=progress)
@@ -290,7 +294,7 @@ class Trainer:
             check_directory(self.out, overwrite)  # on every rank, before any of them waits for the others
         self.context: DistributedContext = init_distributed(self.device)
         if checkpoint is not None:
-            _check_world_size(checkpoint, self.context.world_size)
+            _check_world_size(checkpoint, self.context.world_size, self.out / CHECKPOINT_FILE)
         self.model.to(self.device)
         self.memory = estimate_training_memory(self.model, self._probe_loss, config.batch_size, self.device)
         if memory_check:
@@ -375,12 +379,12 @@ class Trainer:
 
     def _check_resume(self, state: dict) -> dict:
         """The checkpoint ``state`` with the settings this resume changes (ValueError for refused ones)."""
+        saved = asdict(train_config_of(state, self.out / CHECKPOINT_FILE))  # settings added since it was written read as their defaults
         requested = asdict(self.config)
-        saved_options = state["train_config"].get("options", {})
+        saved_options = saved["options"]
         if self._resolved_options(saved_options) == self._resolved_options(self.config.options):
             self.config = replace(self.config, options=saved_options)  # the same model, kept as the run spelled it
             requested["options"] = saved_options
-        saved = asdict(TrainConfig.from_dict(state["train_config"]))  # settings added since it was written read as their defaults
         changes = resume_changes(saved, requested, state["step"])
         finished = state["total_steps"] is not None and state["step"] >= state["total_steps"]
         model_written = (self.out / MODEL_DIRECTORY / "config.json").is_file()  # absent: stopped before its final evaluation
@@ -417,11 +421,7 @@ class Trainer:
     def _resume(self, state: dict) -> None:
         path = self.out / CHECKPOINT_FILE
         load_weights(self.model, state["model"], f"checkpoint {str(path)!r}")
-        try:
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
-        except (KeyError, TypeError, ValueError) as error:
-            raise ValueError(f"checkpoint {str(path)!r}: its optimizer or schedule state does not fit this run: {error}") from None
+        load_optimizer_state(self.optimizer, self.scheduler, state, path)
         self.step, self.total_steps = state["step"], state["total_steps"]
         self.train_seconds = state.get("train_seconds", 0.0)
         self.resumes = list(state.get("resumes", []))
@@ -432,9 +432,7 @@ class Trainer:
                 group["lr"] = base_lr * self._multiplier(self.step)  # the schedule of the new run length, from this step on
         restore_rng_state(state["rng"], path)
         segment_states = state.get("segment_states") or [None] * self.context.world_size
-        segment_state = segment_states[self.context.rank]
-        if segment_state is not None:
-            segment_state = StreamState.from_plain(segment_state, f"checkpoint {str(path)!r}: segment_states[{self.context.rank}]")
+        segment_state = segment_state_of(segment_states[self.context.rank], self.model, self.config.batch_size, path, self.context.rank)
         self.segment_state = _to_device(segment_state, self.device)
         if changes:
             self.resumes.append({"step": self.step, "changed": changes})

@@ -96,7 +96,7 @@ def read_metrics(path: Path) -> list[dict]:
             if number == len(lines) and line.startswith("{"):
                 continue  # torn by a kill during the write
             raise ValueError(f"{str(path)!r} line {number} is not a JSON record: {line[:80]!r}") from None
-        if not isinstance(record, dict) or not isinstance(record.get("step", 0), int):
+        if not isinstance(record, dict) or not isinstance(record.get("step", 0), int) or isinstance(record.get("step"), bool):
             raise ValueError(f"{str(path)!r} line {number} is not a metrics record (a JSON object with an integer step): {line[:80]!r}")
         records.append(record)
     return records
