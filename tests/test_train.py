@@ -305,3 +305,18 @@ def test_the_memory_estimate_is_the_saved_tensors_of_a_batch(text_file, tmp_path
     assert abs(trainer.memory.activations / BACKWARD_MARGIN - saved) <= 0.01 * saved
     weights = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
     assert trainer.memory.parameters == 4 * weights
+
+
+def test_the_memory_probe_takes_one_copy_when_two_would_not_fit(text_file, tmp_path, monkeypatch):
+    """Where two copies of the largest example would not fit, the probe stops at one and counts every example
+    in full (the upper bound). Fails if the second probe runs anyway or the bound is not used."""
+    from tokenmix.train import memory
+
+    fits = Trainer(tiny_config(text_file, tmp_path / "fits", batch_size=6), progress=False).memory
+    probes = []
+    original = memory.saved_tensor_bytes
+    monkeypatch.setattr(memory, "saved_tensor_bytes", lambda run, exclude: probes.append(1) or original(run, exclude))
+    monkeypatch.setattr(memory, "available_memory", lambda device: 1)
+    tight = Trainer(tiny_config(text_file, tmp_path / "tight", batch_size=6), progress=False, memory_check=False).memory
+    assert len(probes) == 1
+    assert tight.parameters == fits.parameters and tight.activations > fits.activations

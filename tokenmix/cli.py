@@ -30,7 +30,7 @@ from .models.registry import list_models
 from .runtime import retain_freed_memory, set_threads
 from .table import format_table
 from .train.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint, train_config_of
-from .train.evaluate import SCORES, describe
+from .train.evaluate import EVAL_BATCH, SCORES, describe
 from .train.finetune import FROM_PRETRAINED, finetune_settings, read_pretrained
 from .train.generate import StopRule, check_sampling, generate, naive_generate
 from .train.loop import DEVICE, TrainConfig, Trainer, TrainingDiverged, TrainingInterrupted
@@ -256,7 +256,9 @@ def _add_eval(subparsers) -> None:
     parser.add_argument(
         "--lengths", type=Lengths(), default=None, help="comma-separated, e.g. 512,1024,2048,4096 (default: the training length)"
     )
-    parser.add_argument("--batch-size", type=Integer(1), default=8, help="windows per forward pass (default: 8)")
+    parser.add_argument(
+        "--batch-size", type=Integer(1), default=None, help="examples per forward pass (default: 8, or the run's batch size if smaller)"
+    )
     parser.add_argument("--max-tokens", type=Integer(1), default=None, help="evaluate only the first N tokens of the split")
     parser.add_argument(
         "--json", type=Output("a JSON file to write", folder=False), default=None, metavar="FILE", help="also write the results as JSON"
@@ -282,11 +284,12 @@ def _evaluate_run(model, train_config: dict, tokenizer, checkpoint: str, args) -
     (classification: val and test unless --split is given)."""
     splits = args.split or (["val", "test"] if model.config.task == "classify" else ["test"])
     lengths = args.lengths or [train_config["seq_len"]]
+    batch_size = args.batch_size or min(EVAL_BATCH, train_config["batch_size"])
     rows = []
     for length in lengths:
         objective = _objective(model, train_config, tokenizer, length)
         for split in splits:
-            metrics = objective.evaluate(model, split, length=length, max_tokens=args.max_tokens, batch_size=args.batch_size)
+            metrics = objective.evaluate(model, split, length=length, max_tokens=args.max_tokens, batch_size=batch_size)
             rows.append({"split": split, "length": length, **metrics})
     for row in rows:  # length extrapolation: how the loss changes against the first length
         first = next(other for other in rows if other["split"] == row["split"])

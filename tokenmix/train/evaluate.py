@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from ..data.batches import contiguous_windows, mask_tokens, step_generator
 from ..data.examples import Examples
 
+EVAL_BATCH = 8  # examples per forward pass when evaluating: memory stays near one training batch's forward
+
 
 def _summary(total_loss: float, tokens: int, text_bytes: int) -> dict:
     loss = total_loss / max(tokens, 1)
@@ -78,7 +80,12 @@ def _evaluate_streams(model, data: torch.Tensor, length: int, batch_size: int, b
 
 
 def evaluate_lm(
-    model, data: torch.Tensor, length: int, batch_size: int = 8, max_tokens: int | None = None, byte_lengths: torch.Tensor | None = None
+    model,
+    data: torch.Tensor,
+    length: int,
+    batch_size: int = EVAL_BATCH,
+    max_tokens: int | None = None,
+    byte_lengths: torch.Tensor | None = None,
 ) -> dict:
     """Next-token loss of a causal LM (recurrent models: with memory carried across segments);
     ``byte_lengths`` (bytes per token id) for bits per byte, else one byte per token."""
@@ -92,7 +99,7 @@ def evaluate_mlm(
     data: torch.Tensor,
     length: int,
     mask_id: int,
-    batch_size: int = 8,
+    batch_size: int = EVAL_BATCH,
     max_tokens: int | None = None,
     seed: int = 0,
     *,
@@ -110,7 +117,9 @@ def evaluate_mlm(
 
 
 @torch.no_grad()
-def evaluate_recall(model, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int = 32, max_examples: int | None = None) -> dict:
+def evaluate_recall(
+    model, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int = EVAL_BATCH, max_examples: int | None = None
+) -> dict:
     """Associative recall: loss and accuracy of the last position (the recalled value) only."""
     if max_examples is not None:
         inputs, targets = inputs[:max_examples], targets[:max_examples]
@@ -129,7 +138,7 @@ def evaluate_recall(model, inputs: torch.Tensor, targets: torch.Tensor, batch_si
 
 
 @torch.no_grad()
-def predict(model, examples: Examples, batch_size: int = 32, multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def predict(model, examples: Examples, batch_size: int = EVAL_BATCH, multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """The classifier's outputs (count, classes) and the labels of every example, in the examples'
     order. Batches group examples of similar length (sorted), so little is spent on padding (each
     padded to a ``multiple`` of tokens)."""
@@ -147,7 +156,7 @@ def predict(model, examples: Examples, batch_size: int = 32, multiple: int = 1) 
     return torch.empty_like(ordered).index_copy_(0, order, ordered), examples.labels
 
 
-def evaluate_classification(model, examples: Examples, batch_size: int = 32, multiple: int = 1) -> dict:
+def evaluate_classification(model, examples: Examples, batch_size: int = EVAL_BATCH, multiple: int = 1) -> dict:
     """Loss and accuracy of a classifier over every example."""
     logits, labels = predict(model, examples, batch_size, multiple)
     count = len(examples)

@@ -52,7 +52,7 @@ from .checkpoint import (
     train_config_of,
 )
 from .distributed import DistributedContext, init_distributed
-from .evaluate import describe
+from .evaluate import EVAL_BATCH, describe
 from .finetune import Pretrained, load_initial_weights, read_pretrained
 from .memory import check_memory_fits, describe_memory, estimate_training_memory
 from .objectives import check_task, objective_for
@@ -496,7 +496,10 @@ class Trainer:
         return loss.item(), tokens
 
     def evaluate(self, split: str = "val", max_tokens: int | None = None, length: int | None = None) -> dict:
-        return self.objective.evaluate(self.model, split, length=length or self.config.seq_len, max_tokens=max_tokens)
+        batch_size = min(EVAL_BATCH, self.config.batch_size)  # a batch that trains fits its forward pass
+        return self.objective.evaluate(
+            self.model, split, length=length or self.config.seq_len, max_tokens=max_tokens, batch_size=batch_size
+        )
 
     def _steps_in_budget(self, seconds_per_step: float | None = None) -> int | None:
         """The step count the time budget allows: steps so far plus what the rest of it buys at this pace.

@@ -4,7 +4,8 @@ refused with the figure instead of being killed hours in.
 Activations: a forward pass (and loss) of the run's largest example records the tensors autograd
 keeps for the backward pass (``torch.autograd.graph.saved_tensors_hooks``, each storage counted
 once, parameters excluded); so does one of two copies of it. Their difference is what each example
-adds; the rest (kernels, spectra, which do not grow with the batch) is kept once. Parameters: weights,
+adds; the rest (kernels, spectra, which do not grow with the batch) is kept once. Where two copies
+would not fit, each example of the batch counts in full (an upper bound). Parameters: weights,
 gradients and AdamW's two moments, four copies. The backward pass holds temporaries beside the
 saved tensors (gradients of activations, FFT buffers): ``BACKWARD_MARGIN`` covers them, measured on
 this project's models (docs/training.md, "Memory").
@@ -67,11 +68,18 @@ def estimate_training_memory(model, loss_of, batch_size: int, device) -> MemoryE
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # dropout leaves the run's RNG alone
             return saved_tensor_bytes(lambda: loss_of(copies), exclude)
 
+    available = available_memory(device)
     try:
-        one, two = saved(1), saved(2)  # some saved tensors (kernels, spectra) do not grow with the batch
+        one = saved(1)
+        if batch_size == 1:
+            activations = one
+        elif available is not None and BACKWARD_MARGIN * 2 * one > available:
+            activations = batch_size * one  # two copies might not fit: the upper bound, with nothing shared
+        else:
+            two = saved(2)  # some saved tensors (kernels, spectra) do not grow with the batch
+            activations = max(one, 2 * one - two + batch_size * (two - one))
     finally:
         model.train(was_training)
-    activations = max(one, 2 * one - two + batch_size * (two - one))
     return MemoryEstimate(parameters=4 * weights, activations=int(BACKWARD_MARGIN * activations))
 
 

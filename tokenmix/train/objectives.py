@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ..data.batches import lm_batch, mlm_batch
 from ..data.sources import source_kind
-from .evaluate import evaluate_classification, evaluate_lm, evaluate_mlm, evaluate_recall, predict
+from .evaluate import EVAL_BATCH, evaluate_classification, evaluate_lm, evaluate_mlm, evaluate_recall, predict
 from .metrics import glue_metrics
 
 
@@ -57,7 +57,7 @@ class Objective:
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(), ignore_index=-100)
 
-    def evaluate(self, model, split: str, *, length: int, max_tokens: int | None = None, batch_size: int = 8) -> dict:
+    def evaluate(self, model, split: str, *, length: int, max_tokens: int | None = None, batch_size: int = EVAL_BATCH) -> dict:
         raise NotImplementedError  # pragma: no cover - abstract
 
 
@@ -76,7 +76,7 @@ class LanguageModeling(Objective):
             return (*mlm_batch(self.data.train, batch_size, seq_len, generator, tokenizer.mask_id, tokenizer.vocab_size), None)
         return (*lm_batch(self.data.train, batch_size, seq_len, generator), None)
 
-    def evaluate(self, model, split, *, length, max_tokens=None, batch_size=8):
+    def evaluate(self, model, split, *, length, max_tokens=None, batch_size=EVAL_BATCH):
         """Loss, perplexity per token, bits per byte; for next-token prediction also the perplexity
         per whitespace-separated word of the text the predicted tokens spell."""
         data, tokenizer = self.data.split(split), self.data.tokenizer
@@ -96,7 +96,7 @@ class Recall(Objective):
     def batch(self, batch_size, seq_len, generator):
         return (*self.data.batch(batch_size, generator), None)
 
-    def evaluate(self, model, split, *, length, max_tokens=None, batch_size=32):
+    def evaluate(self, model, split, *, length, max_tokens=None, batch_size=EVAL_BATCH):
         examples = None if max_tokens is None else max(1, max_tokens // self.data.length)
         return evaluate_recall(model, *self.data.split(split), batch_size, examples)
 
@@ -129,7 +129,7 @@ class Classification(Objective):
         tokens, mask, labels = train.batch([longest], multiple=self.multiple)
         return tokens, labels, mask
 
-    def evaluate(self, model, split, *, length, max_tokens=None, batch_size=32):
+    def evaluate(self, model, split, *, length, max_tokens=None, batch_size=EVAL_BATCH):
         """Loss and accuracy over the split, with the majority-class accuracy beside them (the floor)."""
         metrics = evaluate_classification(model, self.sample(split, max_tokens), batch_size, self.multiple)
         return {**metrics, "majority_accuracy": self.data.majority_accuracy(split)}
@@ -161,7 +161,7 @@ class Glue(Classification):
             return F.mse_loss(logits[:, 0].float(), targets.float())
         return super().loss(logits, targets)
 
-    def evaluate(self, model, split, *, length, max_tokens=None, batch_size=32):
+    def evaluate(self, model, split, *, length, max_tokens=None, batch_size=EVAL_BATCH):
         outputs, labels = predict(model, self.sample(split, max_tokens), batch_size, self.multiple)
         predictions = outputs[:, 0] if self.regression else outputs.argmax(-1)
         loss = float(self.loss(outputs, labels)) if len(labels) else math.nan
