@@ -274,3 +274,13 @@ def test_outside_double_backward_a_second_derivative_is_refused_not_zero(name):
     first_order = saved_tensor_bytes(lambda: layer(x).sum(), exclude)
     with tokenmix.double_backward():
         assert saved_tensor_bytes(lambda: layer(x).sum(), exclude) > first_order  # x kept only when asked
+
+
+def test_outside_double_backward_attention_refuses_a_second_derivative():
+    """Attention runs a fused kernel, which has no second derivative: outside ``double_backward()`` asking
+    for one raises; inside, the reference kernel gives it (the hvp tests above). Fails if the fused
+    kernel is also used inside the block, or if some path returns a detached (zero) second derivative."""
+    layer = mixer("attention", False, dim=4)
+    x = torch.randn(2, 7, 4, requires_grad=True)
+    with pytest.raises(RuntimeError, match="derivative"):
+        hvp(lambda x: layer(x).tanh().sum(), x, torch.ones_like(x))

@@ -135,6 +135,20 @@ def test_chunked_attention_with_key_mask_and_relative_bias(causal, with_bias):
     _gradients_agree(fast * real, slow * real, [q, k, v, table] if with_bias else [q, k, v], 1e-10)
 
 
+@pytest.mark.parametrize("chunk_size", [None, 64])
+def test_bidirectional_attention_with_a_key_mask_keeps_no_score_matrix(chunk_size):
+    """A padded batch (a key mask) still runs on a fused kernel: what autograd keeps grows like n, not n * c.
+    Fails if blocks stay a fifth dimension or the mask gets a row per query (PyTorch then materialises
+    the (n, c) probabilities: 2 x 2 x 4096 x 4096 floats, 128 MB, at full attention here)."""
+    from tokenmix.train.memory import saved_tensor_bytes
+
+    n = 4096
+    q, k, v = (torch.randn(2, 2, n, 8, requires_grad=True) for _ in range(3))
+    key_mask = torch.arange(n)[None, :] < torch.tensor([[n], [n - 100]])
+    kept = saved_tensor_bytes(lambda: chunked_attention(q, k, v, chunk_size, False, key_mask).sum(), set())
+    assert kept < 40 * q.numel() * q.element_size()  # q, k, v, the output and the key mask, a few times over
+
+
 def test_rotary_scores_depend_on_the_offset_only():
     q, k = torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
     rotated_q, rotated_k = rotary(q.expand(20, 8)), rotary(k.expand(20, 8))

@@ -3,7 +3,7 @@
 from .data.tokenizer import Tokenizer, train_bpe
 from .mixers import build_mixer, list_mixers
 from .models import ModelConfig, build_model, from_pretrained, list_models
-from .ops.toeplitz import double_backward
+from .ops.second_order import double_backward
 from .runtime import retain_freed_memory
 from .train.generate import generate
 from .validation import check_finite_inputs

@@ -36,6 +36,7 @@ from .train.generate import StopRule, check_sampling, generate, naive_generate
 from .train.loop import DEVICE, TrainConfig, Trainer, TrainingDiverged, TrainingInterrupted
 from .train.objectives import objective_class, objective_for
 from .train.recipes import apply_recipe, list_recipes, recipe
+from .train.runs import training_cost
 from .version import __version__, source_revision
 
 DEMO_PROMPT = "ROMEO.\n"
@@ -225,6 +226,8 @@ def _run(trainer: Trainer, command: str, sample_tokens: int) -> int:
                 speed = f"{final['seconds_per_step']:.3f} s/step, {final['train_tokens_per_s']:,.0f} tokens/s"
                 print(f"training: {trainer.step} steps, {speed}, {trainer.model.num_parameters():,} parameters")
             print(f"validation: {describe(final)}")
+            peak = f"; peak memory {final['peak_memory_gb']:.2f} GB" if "peak_memory_gb" in final else ""
+            print(f"this session: {final['session_minutes']:.1f} minutes from reading the data to the final validation{peak}")
             if config.task == "lm" and trainer.objective.text and sample_tokens > 0:
                 tokenizer = trainer.tokenizer
                 prompt = tokenizer.encode(DEMO_PROMPT).long()
@@ -279,6 +282,9 @@ def _objective(model, train_config: dict, tokenizer, length: int):
     return objective_for(data, model.config.task, train_config["seed"])
 
 
+TRAINING_COLUMNS = {"session_minutes": "train_min", "peak_memory_gb": "train_peak_gb"}  # columns of a multi-run table
+
+
 def _evaluate_run(model, train_config: dict, tokenizer, checkpoint: str, args) -> dict:
     """One checkpoint: its description and a row per length (language models, recall) or per split
     (classification: val and test unless --split is given)."""
@@ -305,6 +311,7 @@ def _evaluate_run(model, train_config: dict, tokenizer, checkpoint: str, args) -
         "train_length": train_config["seq_len"],
         "recurrent": model.recurrent,
         "results": rows,
+        "training": training_cost(resolve_checkpoint(checkpoint).parent),
         "tokenmix_version": __version__,
         "git_commit": source_revision(),
     }
@@ -357,12 +364,16 @@ def run_eval(args) -> int:
         varying = [
             key for key in ("data", "tokenizer") if len({str(result[key]) for result in results}) > 1
         ]  # columns that tell runs apart
+        costs = [key for key in TRAINING_COLUMNS if all(key in result["training"] for result in results)]
         table = []
         for result in results:
             shown, columns = _shown(result["results"], result["task"])
             described = {"run": result["checkpoint"], "model": result["model"], "parameters": result["parameters"]}
-            table += [{**described, **{key: result[key] for key in varying}, **row} for row in shown]
-        print(format_table(table, ["run", "model", *varying, "parameters", *columns]))
+            cost = {TRAINING_COLUMNS[key]: f"{result['training'][key]:.2f}" for key in costs}
+            table += [{**described, **{key: result[key] for key in varying}, **cost, **row} for row in shown]
+        print(format_table(table, ["run", "model", *varying, "parameters", *(TRAINING_COLUMNS[key] for key in costs), *columns]))
+        if costs:
+            print("train_min, train_peak_gb: the last training session's wall time (data to final validation) and peak memory")
     if args.json:
         write_json_atomic(args.json, results[0] if len(results) == 1 else results)
     return 0

@@ -3,17 +3,24 @@
 Chunked attention splits the length into blocks of c tokens and lets each query see only the keys
 of its own block (and only earlier ones when causal): O(n c) instead of O(n^2). Any length works:
 the last block is padded and its padding masked (the public MEGA fails unless c divides n).
-Scores are q.k / sqrt(e) plus an optional relative bias; every query may always see itself, so a
-block of padding (or a padded query) has a finite, ignored output instead of NaN.
+Scores are q.k / sqrt(e) plus an optional relative bias. Bidirectional, a query sees the real keys
+of its block (all keys where the block has none); causal, it may always see itself too: a query with
+no visible real key has a finite, ignored output instead of NaN. Blocks are folded into the batch
+and a bidirectional key mask stays one row per block, so PyTorch's fused kernels apply and no
+(n, n) score matrix is kept for backward (O(n) memory for full attention over 16k tokens).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from .second_order import double_backward_enabled
 
 RelativeBias = Callable[[int], torch.Tensor]  # size s -> (s, s) additive bias b[i - j]
 
@@ -61,10 +68,12 @@ def chunked_attention(
     allowed = None
     if key_mask is not None or (pad and not causal):
         real = torch.ones(batch, n, dtype=torch.bool, device=q.device) if key_mask is None else key_mask
-        real = F.pad(real, (0, pad), value=False).view(batch, 1, blocks, 1, size)
-        allowed = real | torch.eye(size, dtype=torch.bool, device=q.device)
+        real = F.pad(real, (0, pad), value=False).view(batch, blocks, 1, 1, size)
         if causal:
-            allowed = allowed & torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
+            earlier = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
+            allowed = (real | torch.eye(size, dtype=torch.bool, device=q.device)) & earlier
+        else:
+            allowed = real | ~real.any(-1, keepdim=True)  # a block of padding sees all of itself
     attn_mask, is_causal = allowed, causal and allowed is None
     if bias is not None:
         attn_mask = bias(size).to(q.dtype)
@@ -72,8 +81,16 @@ def chunked_attention(
             visible = allowed if allowed is not None else torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
             attn_mask = attn_mask.masked_fill(~visible, float("-inf"))
         is_causal = False
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
-    return out.flatten(-3, -2)[..., :n, :]
+    if attn_mask is not None and attn_mask.dim() == 5:  # (batch, blocks, 1, ., size): one mask per folded block
+        attn_mask = attn_mask.flatten(0, 1)
+    with sdpa_kernel(SDPBackend.MATH) if double_backward_enabled() else contextlib.nullcontext():  # the one kernel differentiable twice
+        out = F.scaled_dot_product_attention(*(_fold_blocks(t) for t in (q, k, v)), attn_mask=attn_mask, is_causal=is_causal)
+    return out.unflatten(0, (batch, blocks)).transpose(1, 2).flatten(-3, -2)[..., :n, :]
+
+
+def _fold_blocks(x: torch.Tensor) -> torch.Tensor:
+    """(batch, heads, blocks, c, e) -> (batch * blocks, heads, c, e): the 4-D layout the fused kernels take."""
+    return x.transpose(1, 2).flatten(0, 1)
 
 
 def chunk_mask(n: int, chunk_size: int | None, causal: bool) -> torch.Tensor:

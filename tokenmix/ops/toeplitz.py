@@ -16,12 +16,11 @@ Kernels are given by lag, rows ordered from the most negative lag:
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from .fft import fast_fft_size, hermitian_weights, spectral_dtype
 from .layout import channels_first
+from .second_order import double_backward_enabled
 
 
 def _check_kernel(kernel: torch.Tensor, n: int, causal: bool) -> None:
@@ -92,26 +91,6 @@ def _differentiable_products(x: torch.Tensor, grad_y: torch.Tensor, fft_size: in
     return (spectrum_of(grad_y).conj() * spectrum_of(x)).sum(0)
 
 
-_keep_inputs = [False]
-
-
-@contextlib.contextmanager
-def double_backward(enabled: bool = True):
-    """Second derivatives (Hessian-vector products, gradient penalties) through the Toeplitz products
-    of forwards run inside this block.
-
-    dL/dK depends on x, so a second derivative needs x itself kept beside rfft(x): about 8 % more
-    activation memory in a TNN layer, which first-order training does not pay. Outside this block,
-    a second derivative through a kernel raises (``DoubleBackwardRefused``) instead of leaving out
-    the terms through x.
-    """
-    _keep_inputs.append(bool(enabled))
-    try:
-        yield
-    finally:
-        _keep_inputs.pop()
-
-
 class DoubleBackwardRefused(RuntimeError):
     """A second derivative through a Toeplitz kernel whose forward ran outside ``double_backward()``."""
 
@@ -156,7 +135,7 @@ class _SpectralConvolution(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, spectrum: torch.Tensor, fft_size: int) -> torch.Tensor:
         keep_input = ctx.needs_input_grad[1]
         y, x_freq = _convolve(ctx, x, spectrum, fft_size, keep_input)
-        ctx.save_for_backward(x if keep_input and _keep_inputs[-1] else None, x_freq, spectrum)
+        ctx.save_for_backward(x if keep_input and double_backward_enabled() else None, x_freq, spectrum)
         return y
 
     @staticmethod
@@ -194,7 +173,7 @@ class _FactoredSpectralConvolution(torch.autograd.Function):
         keep_input = any(ctx.needs_input_grad[1:3])
         spectrum = complex_readout(basis, readout)
         y, x_freq = _convolve(ctx, x, spectrum, fft_size, keep_input)
-        ctx.save_for_backward(x if keep_input and _keep_inputs[-1] else None, x_freq, spectrum, basis, readout)
+        ctx.save_for_backward(x if keep_input and double_backward_enabled() else None, x_freq, spectrum, basis, readout)
         return y
 
     @staticmethod

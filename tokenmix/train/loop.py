@@ -54,7 +54,7 @@ from .checkpoint import (
 from .distributed import DistributedContext, init_distributed
 from .evaluate import EVAL_BATCH, describe
 from .finetune import Pretrained, load_initial_weights, read_pretrained
-from .memory import check_memory_fits, describe_memory, estimate_training_memory
+from .memory import GB, check_memory_fits, describe_memory, estimate_training_memory, peak_memory
 from .objectives import check_task, objective_for
 from .optim import build_optimizer
 from .recipes import list_recipes
@@ -247,6 +247,7 @@ class Trainer:
         allow_data_change: bool = False,
         memory_check: bool = True,
     ):
+        self.started = time.perf_counter()  # this session's wall time runs from reading the data to the saved model
         self.config = config
         self.out = Path(config.out)
         self.progress = progress
@@ -606,6 +607,10 @@ class Trainer:
             if step_seconds:
                 seconds = sum(step_seconds) / len(step_seconds)
                 final.update(seconds_per_step=seconds, train_tokens_per_s=trained_tokens / sum(step_seconds))
+            final["session_minutes"] = (time.perf_counter() - self.started) / 60
+            peak = peak_memory(self.device)
+            if peak is not None:
+                final["peak_memory_gb"] = peak / GB
             self.log({"step": self.step, "split": "val", "final": True, **final})
             if self.context.is_main:
                 save_pretrained(self.model, self.out / MODEL_DIRECTORY)

@@ -14,6 +14,7 @@ this project's models (docs/training.md, "Memory").
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -90,6 +91,19 @@ def resident_memory() -> int | None:
             return next(int(line.split()[1]) * 1024 for line in file if line.startswith("VmRSS:"))
     except (OSError, StopIteration, ValueError):
         return None
+
+
+def peak_memory(device: torch.device) -> int | None:
+    """Bytes at this process's high-water mark: the most the CUDA allocator held, or the peak resident set
+    (``getrusage``: kilobytes on Linux, bytes on macOS); None where it cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def describe_memory(estimate: MemoryEstimate, device: torch.device) -> str:

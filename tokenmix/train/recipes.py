@@ -201,7 +201,7 @@ LRA_CPU = {
     "retrieval": dict(data="lra-retrieval:DIR:max_length=1024", batch_size=4),
     "image": dict(data="lra-image:DIR", batch_size=16),
     "pathfinder": dict(data="lra-pathfinder:DIR:resolution=32:limit=20", batch_size=16),
-    "pathx": dict(data="lra-pathfinder:DIR:resolution=128:limit=5", batch_size=2, dim=32),
+    "pathx": dict(data="lra-pathfinder:DIR:resolution=128:limit=2", batch_size=2, dim=32),
 }
 LRA_CPU_COMMON = dict(dim=64, depth=2, steps=None, minutes=10.0, warmup=100, threads=1, eval_every=200, eval_tokens=65536)
 

@@ -102,6 +102,14 @@ def read_metrics(path: Path) -> list[dict]:
     return records
 
 
+def training_cost(run: Path) -> dict:
+    """``session_minutes`` and ``peak_memory_gb`` of the last training session of ``run`` (its final record),
+    or {} when it has none (a run still training, or trained before they were recorded)."""
+    finals = [record for record in read_metrics(run / METRICS_FILE) if record.get("final")]
+    cost = {key: finals[-1][key] for key in ("session_minutes", "peak_memory_gb") if finals and key in finals[-1]}
+    return {key: value for key, value in cost.items() if isinstance(value, (int, float)) and not isinstance(value, bool)}
+
+
 def truncate_metrics(path: Path, step: int) -> int:
     """Keep the records of steps <= ``step`` (the checkpoint's), without the old final record; returns how many went.
 
