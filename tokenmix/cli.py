@@ -169,16 +169,7 @@ def train_config_from_args(args) -> TrainConfig:
 
 def run_train(args) -> int:
     with user_input():
-        config = train_config_from_args(args)
-        if args.allow_data_change and not args.resume:
-            raise ValueError("--allow-data-change applies to --resume")
-        trainer = Trainer(
-            config,
-            resume=args.resume,
-            overwrite=args.overwrite,
-            allow_data_change=args.allow_data_change,
-            memory_check=not args.no_memory_check,
-        )
+        trainer = _trainer(train_config_from_args(args), args)
     return _run(trainer, "train", args.sample_tokens)
 
 
@@ -203,17 +194,22 @@ def run_finetune(args) -> int:
             # a --minutes budget sets steps to None over the default step count
             pretrained = read_pretrained(args.pretrained)
             config = TrainConfig(**finetune_settings(pretrained, args.pretrained, {**FINETUNE_DEFAULTS, **_given_settings(args)}))
-        if args.allow_data_change and not args.resume:
-            raise ValueError("--allow-data-change applies to --resume")
-        trainer = Trainer(
-            config,
-            resume=args.resume,
-            overwrite=args.overwrite,
-            pretrained=pretrained,
-            allow_data_change=args.allow_data_change,
-            memory_check=not args.no_memory_check,
-        )
+        trainer = _trainer(config, args, pretrained)
     return _run(trainer, "finetune", sample_tokens=0)
+
+
+def _trainer(config: TrainConfig, args, pretrained=None) -> Trainer:
+    """The Trainer of ``train`` and ``finetune``, with their shared flags."""
+    if args.allow_data_change and not args.resume:
+        raise ValueError("--allow-data-change applies to --resume")
+    return Trainer(
+        config,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        pretrained=pretrained,
+        allow_data_change=args.allow_data_change,
+        memory_check=not args.no_memory_check,
+    )
 
 
 def _run(trainer: Trainer, command: str, sample_tokens: int) -> int:
