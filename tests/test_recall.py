@@ -56,6 +56,7 @@ def test_training_on_recall_learns_and_reports_last_position_accuracy(tmp_path, 
     final = trainer.run()
     assert 0.0 <= final["accuracy"] <= 1.0 and final["examples"] == 1000
     assert 0 < final["session_minutes"] < 10 and 0.01 < final["peak_memory_gb"] < 64  # the cost of training, measured
+    assert 0.5 < final["estimated_peak_gb"] / final["peak_memory_gb"] < 2  # and the estimate made before it
     assert main(["eval", str(tmp_path / "ar"), "--split", "test", "--lengths", "16,32"]) == 0
     out = capsys.readouterr().out
     assert "accuracy" in out and "assoc-recall" in out and len([line for line in out.splitlines() if "1000" in line]) == 2
@@ -63,8 +64,9 @@ def test_training_on_recall_learns_and_reports_last_position_accuracy(tmp_path, 
     assert main(["eval", str(tmp_path / "ar"), str(tmp_path / "ar"), "--split", "test", "--json", str(report)]) == 0
     out = capsys.readouterr().out
     assert "2 runs on assoc-recall" in out and "train_min" in out and f"{final['peak_memory_gb']:.2f}" in out
+    assert f"{final['estimated_peak_gb']:.2f}" in out and "est_peak_gb: the last training session's peak memory estimated" in out
     both = json.loads(report.read_text())
-    assert both[0]["training"] == {key: final[key] for key in ("session_minutes", "peak_memory_gb")}
+    assert both[0]["training"] == {key: final[key] for key in ("session_minutes", "peak_memory_gb", "estimated_peak_gb")}
     accuracies = [run["results"][0]["accuracy"] for run in both]
     assert len(accuracies) == 2 and accuracies[0] == accuracies[1]
 

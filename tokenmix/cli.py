@@ -278,7 +278,11 @@ def _objective(model, train_config: dict, tokenizer, length: int):
     return objective_for(data, model.config.task, train_config["seed"])
 
 
-TRAINING_COLUMNS = {"session_minutes": "train_min", "peak_memory_gb": "train_peak_gb"}  # columns of a multi-run table
+TRAINING_COLUMNS = {  # a multi-run table's columns for each run's last training session: name, meaning
+    "session_minutes": ("train_min", "wall time from reading the data to the final validation"),
+    "peak_memory_gb": ("train_peak_gb", "peak memory"),
+    "estimated_peak_gb": ("est_peak_gb", "peak memory estimated before the first step"),
+}
 
 
 def _evaluate_run(model, train_config: dict, tokenizer, checkpoint: str, args) -> dict:
@@ -365,11 +369,11 @@ def run_eval(args) -> int:
         for result in results:
             shown, columns = _shown(result["results"], result["task"])
             described = {"run": result["checkpoint"], "model": result["model"], "parameters": result["parameters"]}
-            cost = {TRAINING_COLUMNS[key]: f"{result['training'][key]:.2f}" for key in costs}
+            cost = {TRAINING_COLUMNS[key][0]: f"{result['training'][key]:.2f}" for key in costs}
             table += [{**described, **{key: result[key] for key in varying}, **cost, **row} for row in shown]
-        print(format_table(table, ["run", "model", *varying, "parameters", *(TRAINING_COLUMNS[key] for key in costs), *columns]))
-        if costs:
-            print("train_min, train_peak_gb: the last training session's wall time (data to final validation) and peak memory")
+        print(format_table(table, ["run", "model", *varying, "parameters", *(TRAINING_COLUMNS[key][0] for key in costs), *columns]))
+        for key in costs:
+            print(f"{TRAINING_COLUMNS[key][0]}: the last training session's {TRAINING_COLUMNS[key][1]}")
     if args.json:
         write_json_atomic(args.json, results[0] if len(results) == 1 else results)
     return 0

@@ -611,6 +611,8 @@ class Trainer:
             peak = peak_memory(self.device)
             if peak is not None:
                 final["peak_memory_gb"] = peak / GB
+            if self.memory.peak is not None:
+                final["estimated_peak_gb"] = self.memory.peak / GB
             self.log({"step": self.step, "split": "val", "final": True, **final})
             if self.context.is_main:
                 save_pretrained(self.model, self.out / MODEL_DIRECTORY)

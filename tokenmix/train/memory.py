@@ -29,10 +29,16 @@ class MemoryEstimate:
 
     parameters: int  # weights, gradients and the optimizer's two moments
     activations: int  # what autograd keeps for the backward pass of one batch, with the backward's margin
+    held: int | None = None  # what the process held when estimated (CPU: resident set; GPU: allocated), None if unknown
 
     @property
     def total(self) -> int:
         return self.parameters + self.activations
+
+    @property
+    def peak(self) -> int | None:
+        """The expected high-water mark: what is held plus what a step adds."""
+        return None if self.held is None else self.held + self.total
 
     def describe(self) -> str:
         return (
@@ -81,7 +87,12 @@ def estimate_training_memory(model, loss_of, batch_size: int, device) -> MemoryE
             activations = max(one, 2 * one - two + batch_size * (two - one))
     finally:
         model.train(was_training)
-    return MemoryEstimate(parameters=4 * weights, activations=int(BACKWARD_MARGIN * activations))
+    return MemoryEstimate(parameters=4 * weights, activations=int(BACKWARD_MARGIN * activations), held=held_memory(device))
+
+
+def held_memory(device: torch.device) -> int | None:
+    """Bytes this process holds now on ``device``: the CUDA allocator's, or the resident set."""
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else resident_memory()
 
 
 def resident_memory() -> int | None:
@@ -108,8 +119,8 @@ def peak_memory(device: torch.device) -> int | None:
 
 def describe_memory(estimate: MemoryEstimate, device: torch.device) -> str:
     """One line: what the process holds, what a training step adds, what is available."""
-    held, available = resident_memory(), available_memory(device)
-    parts = [] if held is None or device.type != "cpu" else [f"the process holds {held / GB:.2f} GB"]
+    held, available = estimate.held, available_memory(device)
+    parts = [] if held is None else [f"the process holds {held / GB:.2f} GB"]
     parts.append(f"a training step adds about {estimate.describe()}")
     if available is not None:
         parts.append(f"{available / GB:.2f} GB available")
