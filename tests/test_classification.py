@@ -9,8 +9,8 @@ from tokenmix.data import load_data
 from tokenmix.data.examples import ClassificationData, Examples
 from tokenmix.models.config import POOLS
 from tokenmix.models.model import pool_hidden
-from tokenmix.train.loop import TrainConfig
-from tokenmix.train.objectives import objective_for
+from tokenmix.train.loop import TrainConfig, Trainer
+from tokenmix.train.objectives import Classification, objective_for
 
 
 def loop_pool(h, mask, how):
@@ -104,6 +104,14 @@ def test_classification_trains_and_evaluates_val_and_test_with_the_majority_floo
     with pytest.raises(SystemExit, match="2"):
         main(["eval", str(tmp_path / "r"), "--lengths", "64"])
     assert "--lengths applies to language models" in capsys.readouterr().err
+
+
+def test_final_evaluation_is_the_whole_split_or_a_sample_of_final_eval_tokens(tmp_path):
+    common = dict(model="tnn", task="classify", data="listops:max_length=40:train=20:val=300:test=5", dim=8, depth=1, batch_size=4)
+    common.update(steps=1, warmup=0, options={"rpe_dim": 4})
+    whole = Trainer(TrainConfig(**common, out=str(tmp_path / "whole")), progress=False).run()
+    sampled = Trainer(TrainConfig(**common, final_eval_tokens=1, out=str(tmp_path / "sampled")), progress=False).run()
+    assert (whole["examples"], sampled["examples"]) == (300, Classification.MIN_EXAMPLES)
 
 
 def test_retrieval_trains_the_dual_encoder_on_document_pairs(aan, tmp_path, capsys):

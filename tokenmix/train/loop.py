@@ -134,7 +134,10 @@ class TrainConfig:
     seed: int = setting(0, Integer(0), "seed of the initialisation, the batches and dropout")
     threads: int | None = setting(None, Integer(1, optional=True), "torch CPU threads (default: torch's choice)")
     eval_every: int = setting(150, Integer(1), "validate every this many steps, on --eval-tokens tokens")
-    eval_tokens: int = setting(32768, Integer(1), "validation tokens of each periodic evaluation (the final one uses the whole split)")
+    eval_tokens: int = setting(32768, Integer(1), "validation tokens of each periodic evaluation")
+    final_eval_tokens: int | None = setting(
+        None, Integer(1, optional=True), "validation tokens of the final evaluation (default: the whole split)"
+    )
     save_every: str = setting(
         "5m", INTERVAL, "write checkpoint.pt every N steps (e.g. 200) or every time T (e.g. 10m, 90s); also at the end and on Ctrl-C"
     )
@@ -603,7 +606,7 @@ class Trainer:
                     )
             bar.close()
             # Training is done and saved; a signal from here on lets the final evaluation and the model files finish.
-            final = self.evaluate("val")
+            final = self.evaluate("val", config.final_eval_tokens)
             if step_seconds:
                 seconds = sum(step_seconds) / len(step_seconds)
                 final.update(seconds_per_step=seconds, train_tokens_per_s=trained_tokens / sum(step_seconds))

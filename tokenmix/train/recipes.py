@@ -204,6 +204,7 @@ LRA_CPU = {
     "pathx": dict(data="lra-pathfinder:DIR:resolution=128:limit=2", batch_size=2, dim=32),
 }
 LRA_CPU_COMMON = dict(dim=64, depth=2, steps=None, minutes=10.0, warmup=100, threads=1, eval_every=200, eval_tokens=65536)
+LRA_CPU_COMMON.update(final_eval_tokens=1 << 22)  # Retrieval's 18,090 validation pairs alone take MEGA 25 minutes on one core
 
 
 def _lra_cpu_recipes() -> None:

@@ -21,7 +21,7 @@ METRICS_FILE = "metrics.jsonl"
 MODEL_DIRECTORY = "model"
 RUN_FILES = (CHECKPOINT_FILE, METRICS_FILE, MODEL_DIRECTORY, TOKENIZER_FILE)
 # Settings a resume may change: how long to train, how to watch and save the run, and where it lives.
-RESUMABLE = ("steps", "minutes", "eval_every", "eval_tokens", "save_every", "threads", "device", "check_finite", "out")
+RESUMABLE = ("steps", "minutes", "eval_every", "eval_tokens", "final_eval_tokens", "save_every", "threads", "device", "check_finite", "out")
 
 
 def existing_run_files(out: Path) -> list[str]:
