@@ -40,18 +40,15 @@ class RelativePosition(nn.Module):
         """q and k of positions offset, offset + 1, ... rotated (rotary), else unchanged."""
         return (rotary(q, offset), rotary(k, offset)) if self.position == "rotary" else (q, k)
 
-    def bias(self, size: int) -> torch.Tensor:
-        """(size, size) learned bias by offset i - j, clamped to +-(max_distance - 1)."""
-        positions = torch.arange(size, device=self.table.device)
-        return self.bias_between(positions, positions)
-
     def bias_between(self, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        """(queries, keys) bias b[i - j] between the query positions i and key positions j."""
+        """(queries, keys) bias b[i - j] between the query positions i and key positions j, the offset
+        clamped to +-(max_distance - 1)."""
         offsets = (queries[:, None] - keys[None, :]).clamp(-(self.max_distance - 1), self.max_distance - 1)
         return self.table[offsets + self.max_distance - 1]
 
     def bias_function(self):
-        return self.bias if self.table is not None else None
+        """``bias_between`` for ``chunked_attention``, None without a learned bias."""
+        return self.bias_between if self.table is not None else None
 
     def extra_repr(self) -> str:
         return f"position={self.position!r}" + (f", max_distance={self.max_distance}" if self.table is not None else "")
@@ -179,6 +176,11 @@ class Attention(Mixer):
     def padding_invariant_sides(self) -> tuple[str, ...]:
         """Both sides for full attention, the right for chunked (``chunk_padding_sides``)."""
         return chunk_padding_sides(self.chunk_size)
+
+    @property
+    def bounded_state(self) -> bool:
+        """Chunked attention keeps the current chunk; full attention every key."""
+        return self.chunk_size is not None
 
     def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         batch, n, _ = x.shape

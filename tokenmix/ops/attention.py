@@ -8,6 +8,10 @@ of its block (all keys where the block has none); causal, it may always see itse
 no visible real key has a finite, ignored output instead of NaN. Blocks are folded into the batch
 and a bidirectional key mask stays one row per block, so PyTorch's fused kernels apply and no
 (n, n) score matrix is kept for backward (O(n) memory for full attention over 16k tokens).
+A learned bias needs its gradient, which no fused kernel gives: biased scores are computed a tile of
+queries at a time (at most ``max_scores`` of them at once) and, when training, recomputed tile by tile
+in the backward pass (activation checkpointing), so MEGA's full attention over Path-X's 16k tokens
+keeps O(n) too instead of a dense (n, n) bias, mask and probability matrix.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.checkpoint import checkpoint
 
 from .second_order import double_backward_enabled
 
-RelativeBias = Callable[[int], torch.Tensor]  # size s -> (s, s) additive bias b[i - j]
+RelativeBias = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # positions i (q,), j (k,) -> (q, k) bias b[i - j]
+MAX_SCORES = 1 << 24  # biased scores materialised at once: 64 MB in float32
 
 
 def rotary(x: torch.Tensor, offset: int = 0) -> torch.Tensor:
@@ -54,38 +60,80 @@ def chunked_attention(
     causal: bool,
     key_mask: torch.Tensor | None = None,
     bias: RelativeBias | None = None,
+    max_scores: int = MAX_SCORES,
 ) -> torch.Tensor:
     """Attention within blocks of ``chunk_size`` (None: one block, full attention).
 
     q, k: (batch, heads, n, e); v: (batch, heads, n, h); key_mask: (batch, n) bool, True at real
-    tokens; bias: relative bias function. Returns (batch, heads, n, h).
+    tokens; bias: relative bias function; max_scores: the most biased scores held at once.
+    Returns (batch, heads, n, h).
     """
     batch, n = q.shape[0], q.shape[-2]
     size = block_size(n, chunk_size)
     blocks = -(-n // size)
     pad = blocks * size - n
-    q, k, v = (F.pad(t, (0, 0, 0, pad)).unflatten(-2, (blocks, size)) for t in (q, k, v))  # (b, H, blocks, c, .)
-    allowed = None
-    if key_mask is not None or (pad and not causal):
-        real = torch.ones(batch, n, dtype=torch.bool, device=q.device) if key_mask is None else key_mask
-        real = F.pad(real, (0, pad), value=False).view(batch, blocks, 1, 1, size)
-        if causal:
-            earlier = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
-            allowed = (real | torch.eye(size, dtype=torch.bool, device=q.device)) & earlier
-        else:
-            allowed = real | ~real.any(-1, keepdim=True)  # a block of padding sees all of itself
-    attn_mask, is_causal = allowed, causal and allowed is None
-    if bias is not None:
-        attn_mask = bias(size).to(q.dtype)
-        if allowed is not None or causal:
-            visible = allowed if allowed is not None else torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
-            attn_mask = attn_mask.masked_fill(~visible, float("-inf"))
-        is_causal = False
-    if attn_mask is not None and attn_mask.dim() == 5:  # (batch, blocks, 1, ., size): one mask per folded block
-        attn_mask = attn_mask.flatten(0, 1)
-    with sdpa_kernel(SDPBackend.MATH) if double_backward_enabled() else contextlib.nullcontext():  # the one kernel differentiable twice
-        out = F.scaled_dot_product_attention(*(_fold_blocks(t) for t in (q, k, v)), attn_mask=attn_mask, is_causal=is_causal)
+    q, k, v = (_fold_blocks(F.pad(t, (0, 0, 0, pad)).unflatten(-2, (blocks, size))) for t in (q, k, v))  # (b * blocks, H, c, .)
+    allowed = _visible_keys(key_mask, batch, n, size, pad, causal, q.device)
+    if bias is None:
+        out = _attend(q, k, v, allowed, causal and allowed is None)
+    else:
+        if allowed is None and causal:
+            allowed = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
+        out = _biased_attention(q, k, v, allowed, bias, max_scores)
     return out.unflatten(0, (batch, blocks)).transpose(1, 2).flatten(-3, -2)[..., :n, :]
+
+
+def _visible_keys(key_mask, batch: int, n: int, size: int, pad: int, causal: bool, device) -> torch.Tensor | None:
+    """Which keys a query may see, (batch * blocks, 1, 1 or c, c) bool, or None where every key (or,
+    causal, every earlier key) is visible."""
+    if key_mask is None and not (pad and not causal):
+        return None
+    real = torch.ones(batch, n, dtype=torch.bool, device=device) if key_mask is None else key_mask
+    real = F.pad(real, (0, pad), value=False).view(-1, 1, 1, size)
+    if causal:
+        earlier = torch.ones(size, size, dtype=torch.bool, device=device).tril()
+        return (real | torch.eye(size, dtype=torch.bool, device=device)) & earlier
+    return real | ~real.any(-1, keepdim=True)  # a block of padding sees all of itself
+
+
+def _attend(q, k, v, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
+    """PyTorch's attention at scale e^-1/2; the math kernel inside ``double_backward()``, the one
+    differentiable twice. The fused kernels need one head width for queries, keys and values, else
+    PyTorch falls back to materialising every score (MEGA: z-wide queries, 2z-wide values; 8 GB per
+    step on Path-X): the narrower side is zero-padded, which changes neither q.k nor the output."""
+    key_width, value_width = q.shape[-1], v.shape[-1]
+    if key_width < value_width:
+        q, k = (F.pad(t, (0, value_width - key_width)) for t in (q, k))
+    elif value_width < key_width:
+        v = F.pad(v, (0, key_width - value_width))
+    with sdpa_kernel(SDPBackend.MATH) if double_backward_enabled() else contextlib.nullcontext():
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=key_width**-0.5)
+    return out[..., :value_width]
+
+
+def _biased_attention(q, k, v, allowed: torch.Tensor | None, bias: RelativeBias, max_scores: int) -> torch.Tensor:
+    """softmax(q k^T / sqrt(e) + b[i - j]) v over the visible keys, a tile of query rows at a time.
+
+    Each tile's bias (rows, c) is built from the bias function inside the tile, so with gradients on
+    (and not inside ``double_backward()``) a tile is checkpointed: backward keeps its inputs only and
+    recomputes its scores."""
+    size = q.shape[-2]
+    keys = torch.arange(size, device=q.device)
+    rows = max(1, min(size, max_scores // max(1, q.shape[0] * q.shape[1] * size)))
+    recompute = torch.is_grad_enabled() and not double_backward_enabled() and rows < size
+
+    def tile(start: int, q_tile: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        mask = bias(keys[start : start + q_tile.shape[-2]], keys).to(q_tile.dtype)
+        if allowed is not None:
+            visible = allowed[..., start : start + q_tile.shape[-2], :] if allowed.shape[-2] == size else allowed
+            mask = mask.masked_fill(~visible, float("-inf"))
+        return _attend(q_tile, k, v, mask, False)
+
+    outputs = []
+    for start in range(0, size, rows):
+        q_tile = q[..., start : start + rows, :]
+        outputs.append(checkpoint(tile, start, q_tile, k, v, use_reentrant=False) if recompute else tile(start, q_tile, k, v))
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-2)
 
 
 def _fold_blocks(x: torch.Tensor) -> torch.Tensor:
