@@ -14,6 +14,7 @@ from tokenmix.bench.report import markdown_report, reading
 from tokenmix.bench.timing import time_tokens
 from tokenmix.bench.worker import run_in_subprocess
 from tokenmix.cli import build_parser, main
+from tokenmix.mixers.registry import list_mixers, mixer_class
 from tokenmix.models.registry import list_models, model_spec
 from tokenmix.version import source_revision
 
@@ -270,6 +271,7 @@ def test_compare_says_when_the_runs_were_measured_under_other_conditions(tmp_pat
     ]  # a new commit is what a comparison is for
 
 
+TAP_STREAMING = [name for name in list_mixers() if mixer_class(name).toeplitz_streaming]  # decoded against the direct product
 GENERATE_SIZES = ["--kinds", "generate", "--model-dim", "8", "--dim", "8", "--repeats", "1", "--threads", "1"]
 
 
@@ -309,7 +311,7 @@ def test_generate_run_writes_records_tables_and_plots(tmp_path, capsys, monkeypa
     assert tnn_8["recompute_ratio"] == pytest.approx(tnn_8["recompute_ms"] / tnn_8["step_ms"]) and not tnn_8["recompute_skipped"]
     assert tnn_16["recompute_skipped"] and tnn_16["recompute_ms"] is None and tnn_16["error"] is None  # above --recompute-max
     assert xl_16["error"] == "RuntimeError: out of memory" and xl_16["step_ms"] is None
-    assert [(r["mixer"], r["length"], r["dim"]) for r in mixers] == [("tno", 16, 8), ("tno", 40, 8)]
+    assert [(r["mixer"], r["length"], r["dim"]) for r in mixers] == [(name, n, 8) for name in TAP_STREAMING for n in (16, 40)]
     for record in mixers:
         assert set(record) == record_fields(MixerGenerateMeasurement) and record["error"] is None
         assert record["direct_finished"] and record["direct_tokens"] == record["length"]
@@ -323,7 +325,7 @@ def test_generate_run_writes_records_tables_and_plots(tmp_path, capsys, monkeypa
     assert "](plots/decode.png)" in text and "tnn: not recomputed at positions 16 (above --recompute-max)." in text
     assert "transformer_xl generate (causal) at length 16 failed: RuntimeError: out of memory" in text
     out = capsys.readouterr().out
-    assert "recompute_ratio" in out and "direct_ratio" in out and "1 of 6 cases failed" in out
+    assert "recompute_ratio" in out and "direct_ratio" in out and f"1 of {4 + 2 * len(TAP_STREAMING)} cases failed" in out
 
 
 def test_a_crashing_generate_worker_becomes_a_generate_record():
@@ -363,7 +365,7 @@ def test_generate_cases_and_their_defaults():
     assert lm_models == sorted(n for n in list_models() if "lm" in model_spec(n).tasks)
     assert sorted({case.length for case in built if case.kind == "generate"}) == [256, 1024, 4096, 16384]
     mixer_cases = [case for case in built if case.kind == "generate_mixer"]
-    assert [(c.name, c.length, c.dim) for c in mixer_cases] == [("tno", 4096, 1536), ("tno", 16384, 1536), ("tno", 65536, 1536)]
+    assert [(c.name, c.length, c.dim) for c in mixer_cases] == [(name, n, 1536) for name in TAP_STREAMING for n in (4096, 16384, 65536)]
     assert all(c.batch == 1 and c.causal for c in built)
     assert {json.dumps(c.limits) for c in built} == {'{"recompute_max": 8192}', '{"direct_max_seconds": 600.0}'}
     chosen = cases("--kinds", "generate,mixer", "--lengths", "64", "--stream-lengths", "128", "--models", "tnn", "--mixers", "tno")

@@ -9,7 +9,8 @@ from tokenmix.data import load_data
 from tokenmix.data.examples import ClassificationData, Examples
 from tokenmix.models.config import POOLS
 from tokenmix.models.model import pool_hidden
-from tokenmix.train.loop import TrainConfig, Trainer
+from tokenmix.train.config import TrainConfig
+from tokenmix.train.loop import Trainer
 from tokenmix.train.objectives import Classification, objective_for
 
 

@@ -13,6 +13,7 @@ import torch
 from conftest import LENGTHS, assert_causal_gradient, relative_error
 
 import tokenmix
+from tokenmix.blocks.mega import sequence_mixers
 from tokenmix.mixers.registry import mixer_class, resolve_mixer_options
 from tokenmix.models.config import POOLS
 from tokenmix.models.registry import model_spec, resolve_model_options
@@ -318,4 +319,32 @@ def test_every_mixer_works_inside_the_tnn_block(name, causal, tmp_path):
     net = tokenmix.build_model("tnn", task=task, vocab_size=20, dim=8, depth=2, mixer=name, options=SMALL.get(name, {})).eval()
     tokens = torch.randint(0, 20, (2, 17))
     net.save_pretrained(tmp_path)
+    torch.testing.assert_close(tokenmix.from_pretrained(tmp_path).eval()(tokens), net(tokens), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("name", "causal"), [(name, causal) for name, causal in MODES if mixer_class(name).channelwise_linear])
+def test_a_channelwise_linear_mixer_is_linear_in_each_channel_alone(name, causal):
+    """What ``channelwise_linear`` declares: superposition holds, and a channel's outputs ignore the other channels."""
+    layer = mixer(name, causal).double()
+    x, y = (torch.randn(2, 36, DIM, dtype=torch.float64) for _ in range(2))
+    with torch.no_grad():
+        torch.testing.assert_close(layer(2 * x - 3 * y), 2 * layer(x) - 3 * layer(y), rtol=1e-10, atol=1e-10)
+        others = x.clone()
+        others[..., 1:] = y[..., 1:]
+        torch.testing.assert_close(layer(others)[..., 0], layer(x)[..., 0], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", sequence_mixers())
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_sequence_mixer_works_inside_the_mega_block(name, causal, tmp_path):
+    """MEGA's ``sequence_mixer`` (``-o sequence_mixer=NAME``) is any registered mixer ``sequence_mixers()`` lists."""
+    if causal not in mixer_class(name).causal_modes:
+        with pytest.raises(ValueError, match="causal"):
+            tokenmix.build_model("mega", task="lm" if causal else "mlm", vocab_size=20, dim=8, depth=1, sequence_mixer=name)
+        return
+    net = tokenmix.build_model(
+        "mega", task="lm" if causal else "mlm", vocab_size=20, dim=8, depth=2, sequence_mixer=name, chunk_size=8, z_dim=4
+    )
+    tokens = torch.randint(0, 20, (2, 17))
+    net.eval().save_pretrained(tmp_path)
     torch.testing.assert_close(tokenmix.from_pretrained(tmp_path).eval()(tokens), net(tokens), rtol=0, atol=0)

@@ -28,3 +28,11 @@ def test_docs_cite_papers_by_name_not_by_internal_file():
         f"{page.relative_to(ROOT)}: {line.strip()}" for page in pages for line in page.read_text().splitlines() if internal.search(line)
     ]
     assert not offending, "\n".join(offending[:20])
+
+
+def test_architecture_page_lists_capabilities_every_mixer_has():
+    from tokenmix.mixers import Mixer
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    listed = re.findall(r"^\| `(\w+)` \|", text, re.MULTILINE)
+    assert len(listed) >= 7 and all(hasattr(Mixer, name) for name in listed), listed

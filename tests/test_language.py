@@ -13,9 +13,9 @@ import tokenmix
 from tokenmix.cli import TextStream, main
 from tokenmix.data.sources import load_data
 from tokenmix.data.tokenizer import byte_tokenizer, train_bpe
+from tokenmix.generation import StopRule, naive_generate
 from tokenmix.models import ModelConfig, SequenceModel
 from tokenmix.train.checkpoint import load_checkpoint, model_from_checkpoint
-from tokenmix.train.generate import StopRule, naive_generate
 
 SIZES = ["--dim", "16", "--depth", "1", "--seq-len", "32", "--batch-size", "4", "--eval-tokens", "256", "-o", "rpe_dim=4"]
 

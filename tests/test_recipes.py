@@ -7,7 +7,7 @@ from tokenmix.cli import main, recipe_flags, train_config_from_args
 from tokenmix.data.examples import ClassificationData, Examples
 from tokenmix.data.sources import source_kind
 from tokenmix.models.model import SequenceModel
-from tokenmix.train.loop import TrainConfig
+from tokenmix.train.config import TrainConfig
 from tokenmix.train.objectives import objective_for
 from tokenmix.train.recipes import apply_recipe, list_recipes, recipe
 

@@ -12,7 +12,8 @@ from conftest import usage_error
 
 from tokenmix.cli import main
 from tokenmix.train import TrainConfig, Trainer, load_checkpoint
-from tokenmix.train.loop import TrainingDiverged, parse_interval
+from tokenmix.train.config import parse_interval
+from tokenmix.train.loop import TrainingDiverged
 from tokenmix.train.runs import read_metrics
 
 

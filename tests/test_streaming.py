@@ -11,10 +11,9 @@ from conftest import LENGTHS, random_chunks, relative_error
 from test_contracts import CAUSAL, LM_MODELS, MODES, mixer, model, padded_pair
 
 import tokenmix
-from tokenmix.train.generate import naive_generate
+from tokenmix.generation import naive_generate
 
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-10}
-BOUNDED_STATES = ["ema", "tcn", "chunked_attention", "fnet_ar"]  # the state does not grow with the position
 
 
 def streamed(step, x: torch.Tensor, chunks: list[slice], state, mask=None):
@@ -75,15 +74,17 @@ def test_a_prefill_leaves_the_state_that_single_steps_leave(name):
     assert relative_error(after_prefill, after_steps) <= 1e-10
 
 
-@pytest.mark.parametrize("name", BOUNDED_STATES)
-def test_bounded_states_do_not_grow_with_the_position(name):
-    """At positions 300 and 556 (256 later: the same place in a chunk of 128) the state has one size."""
+@pytest.mark.parametrize("name", CAUSAL)
+def test_a_state_grows_with_the_position_unless_declared_bounded(name):
+    """``bounded_state``: at positions 300 and 556 (256 later: the same place in a chunk of 128) the state
+    has one size; an unbounded one (a history, a key cache) is larger at 556."""
     module = causal_mixer(name, torch.float32)
     x = torch.randn(1, 556, module.dim)
     with torch.no_grad():
         _, early = module.step(x[:, :300], module.init_state(1, max_length=556))
-        _, late = module.step(x[:, 300:], early.to())
-    assert late.nbytes() == early.nbytes() > 0
+        early_bytes = early.nbytes()
+        _, late = module.step(x[:, 300:], early)
+    assert early_bytes > 0 and (late.nbytes() == early_bytes) == module.bounded_state
 
 
 @pytest.mark.parametrize("name", CAUSAL)

@@ -134,6 +134,7 @@ def test_bad_options_raise_value_error(name, options, argument):
     ("name", "options", "argument"),
     [
         ("mega", {"sequence_mixer": "lstm"}, "sequence_mixer"),
+        ("mega", {"sequence_mixer": "attention"}, "sequence_mixer"),  # its chunk_size and position would clash with the block's
         ("mega", {"tcn_depth": 3}, "tcn_depth"),
         ("mega", {"z_dim": 0}, "z_dim"),
         ("tcnca", {"kernel_size": -1}, "kernel_size"),

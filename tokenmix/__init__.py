@@ -1,22 +1,37 @@
-"""tokenmix: fast token mixers for long sequences (TNN, SKI/FD-TNN, FNetAR, TCNCA)."""
+"""tokenmix: fast token mixers for long sequences (TNN, SKI/FD-TNN, FNetAR, TCNCA).
 
-from .data.tokenizer import Tokenizer, train_bpe
-from .mixers import build_mixer, list_mixers
-from .models import ModelConfig, build_model, from_pretrained, list_models
-from .ops.second_order import double_backward
-from .runtime import retain_freed_memory
-from .train.generate import generate
-from .validation import check_finite_inputs
+The public names below are imported on first use: ``import tokenmix`` loads no model, data or
+training code until one of them is asked for.
+"""
+
+from __future__ import annotations
+
+from .lazy import lazy_exports
 from .version import __version__
 
+_EXPORTS = {
+    "ModelConfig": ".models",
+    "Tokenizer": ".data.tokenizer",
+    "build_mixer": ".mixers",
+    "build_model": ".models",
+    "check_finite_inputs": ".validation",
+    "double_backward": ".ops.second_order",
+    "from_pretrained": ".models",
+    "generate": ".generation",
+    "list_mixers": ".mixers",
+    "list_models": ".models",
+    "retain_freed_memory": ".runtime",
+    "train_bpe": ".data.tokenizer",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = [
     "__version__",
-    "check_finite_inputs",
-    "double_backward",
     "ModelConfig",
     "Tokenizer",
     "build_mixer",
     "build_model",
+    "check_finite_inputs",
+    "double_backward",
     "from_pretrained",
     "generate",
     "list_mixers",

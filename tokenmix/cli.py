@@ -25,15 +25,16 @@ from .data.tokenizer import Tokenizer
 from .errors import UsageError, user_input
 from .fields import Choice, Existing, Integer, KeyValue, Lengths, Number, Output, Text, check_output_path
 from .files import write_json_atomic
+from .generation import StopRule, check_sampling, generate, naive_generate
 from .mixers.registry import list_mixers
 from .models.registry import list_models
 from .runtime import retain_freed_memory, set_threads
 from .table import format_table
 from .train.checkpoint import load_checkpoint, model_from_checkpoint, resolve_checkpoint, train_config_of
+from .train.config import DEVICE, TrainConfig
 from .train.evaluate import EVAL_BATCH, SCORES, describe
 from .train.finetune import FROM_PRETRAINED, finetune_settings, read_pretrained
-from .train.generate import StopRule, check_sampling, generate, naive_generate
-from .train.loop import DEVICE, TrainConfig, Trainer, TrainingDiverged, TrainingInterrupted
+from .train.loop import Trainer, TrainingDiverged, TrainingInterrupted
 from .train.objectives import objective_class, objective_for
 from .train.recipes import apply_recipe, list_recipes, recipe
 from .train.runs import training_cost

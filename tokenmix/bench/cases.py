@@ -21,7 +21,6 @@ KINDS = (*TRAINING_KINDS, "generate")  # what --kinds selects; generate: the gen
 CASE_KINDS = (*KINDS, "generate_mixer")
 MIXER_KINDS = ("mixer", "generate_mixer")  # cases named by a mixer; the others by a model
 GENERATE_KINDS = ("generate", "generate_mixer")
-GENERATE_MIXERS = ("tno",)  # the mixers decoded tiled against the direct product
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MODEL_VOCAB = 256
 MODEL_DEPTH = 2
@@ -80,11 +79,12 @@ class Case:
 
 
 def supports(kind: str, name: str, causal: bool) -> bool:
-    """Whether the case exists (fnet is bidirectional only; XL models and fnet_ar causal only; decoding is causal)."""
+    """Whether the case exists (fnet is bidirectional only; XL models and fnet_ar causal only; decoding is
+    causal; a mixer's decoding is measured against the direct product where it streams by its taps)."""
     if kind in GENERATE_KINDS and not causal:
         return False
     if kind == "generate_mixer":
-        return name in GENERATE_MIXERS
+        return mixer_class(name).toeplitz_streaming
     if kind == "mixer":
         return causal in mixer_class(name).causal_modes
     return ("lm" if causal else "mlm") in model_spec(name).tasks

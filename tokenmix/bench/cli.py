@@ -20,7 +20,7 @@ from ..models.registry import list_models
 from ..progress import progress_bar
 from ..runtime import retain_freed_memory, set_threads
 from ..table import format_table
-from ..train.loop import DEVICE
+from ..train.config import DEVICE
 from ..version import source_revision
 from .cases import CASE_KINDS, DTYPES, GENERATE_KINDS, KINDS, MIXER_KINDS, TRAINING_KINDS, Case, batch_for, supports
 from .measure import measure
@@ -79,8 +79,8 @@ def add_bench(subparsers) -> None:
         type=Names(KINDS),
         default=None,
         help="any of mixer,layer,model,generate (default: mixer,layer,model; --quick: mixer,model); generate: decoding by every "
-        "causal LM model (depth 4, batch 1) at positions --lengths, cached step against recompute, and by the tno mixer token "
-        "by token, tiled against the direct product",
+        "causal LM model (depth 4, batch 1) at positions --lengths, cached step against recompute, and by every mixer "
+        "that streams by its Toeplitz taps, token by token, tiled against the direct product",
     )
     parser.add_argument(
         "--lengths",

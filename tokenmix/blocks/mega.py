@@ -19,14 +19,29 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..mixers.attention import AttentionCache, RelativePosition, cached_attention, chunk_padding_sides, empty_cache, relative_reach
-from ..mixers.registry import build_mixer, mixer_class
+from ..mixers.registry import build_mixer, list_mixers, mixer_class
 from ..ops.attention import chunked_attention
 from ..options import Configurable, merge_options, take_options
 from ..validation import check_int
 from .ffn import Ffn
 from .streaming import StreamingBlock
 
-SEQUENCE_MIXERS = ("ema", "tcn")
+
+def sequence_mixers() -> list[str]:
+    """The registered mixers a block can run as its sequence mixer (MEGA's ``ema``, TCNCA's ``tcn``): those
+    over a sequence whose options share no name with the block's own (both live in one namespace)."""
+    own = set(take_options(MegaBlock.__init__, {})[0])
+    return [
+        name
+        for name in list_mixers()
+        if mixer_class(name).token_axes == 1 and not own & set(take_options(mixer_class(name).__init__, {})[0])
+    ]
+
+
+def check_sequence_mixer(name) -> str:
+    if name not in sequence_mixers():
+        raise ValueError(f"sequence_mixer must be one of {sequence_mixers()}, got {name!r}")
+    return name
 
 
 def sequence_options(sequence_mixer: str, tcn_depth: int | None, options: dict) -> dict:
@@ -93,8 +108,7 @@ class MegaBlock(StreamingBlock, Configurable, nn.Module):
         **mixer_options,
     ):
         super().__init__()
-        if sequence_mixer not in SEQUENCE_MIXERS:
-            raise ValueError(f"sequence_mixer must be one of {list(SEQUENCE_MIXERS)}, got {sequence_mixer!r}")
+        check_sequence_mixer(sequence_mixer)
         self.z_dim = check_int(z_dim, "z_dim")
         self.hidden = check_int(v_expand, "v_expand") * dim
         if chunk_size is not None:
@@ -117,9 +131,7 @@ class MegaBlock(StreamingBlock, Configurable, nn.Module):
     @classmethod
     def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:
         own, rest = take_options(cls.__init__, options)
-        if own["sequence_mixer"] not in SEQUENCE_MIXERS:
-            raise ValueError(f"sequence_mixer must be one of {list(SEQUENCE_MIXERS)}, got {own['sequence_mixer']!r}")
-        return resolve_with_sequence_mixer(own, rest, own["sequence_mixer"], dim)
+        return resolve_with_sequence_mixer(own, rest, check_sequence_mixer(own["sequence_mixer"]), dim)
 
     def stream_parts(self) -> list:
         return [self.sequence, self.attention]

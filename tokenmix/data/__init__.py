@@ -1,20 +1,49 @@
-"""Corpora and tokenizers, generated tasks, the Long Range Arena and GLUE files, and batch construction."""
+"""Corpora and tokenizers, generated tasks, the Long Range Arena and GLUE files, and batch construction.
 
-from .batches import StreamBatches, contiguous_windows, lm_batch, mask_tokens, mlm_batch, random_windows, step_generator, step_seed
-from .corpus import BYTE_VOCAB, SPLITS, ByteCorpus, load_corpus
-from .examples import ClassificationData, Examples
-from .listops import ListOpsOptions, generate_listops, listops_examples, load_listops, read_listops
-from .lra_image import load_lra_image
-from .lra_pathfinder import load_lra_pathfinder
-from .lra_retrieval import load_lra_retrieval
-from .lra_text import load_lra_text
-from .recall import AssociativeRecall, recall_examples
-from .shapes import load_shapes
-from .sources import load_data
-from .tokenized import TokenCorpus, resolve_tokenizer, tokenize_corpus
-from .tokenizer import Tokenizer, byte_tokenizer, train_bpe
-from .wikitext import load_wikitext
+Every name below is imported on first use, so reading one format loads none of the others' code.
+"""
 
+from __future__ import annotations
+
+from ..lazy import lazy_exports
+
+_EXPORTS = {
+    "AssociativeRecall": ".recall",
+    "byte_tokenizer": ".tokenizer",
+    "BYTE_VOCAB": ".corpus",
+    "ByteCorpus": ".corpus",
+    "ClassificationData": ".examples",
+    "contiguous_windows": ".batches",
+    "Examples": ".examples",
+    "generate_listops": ".listops",
+    "listops_examples": ".listops",
+    "ListOpsOptions": ".listops",
+    "lm_batch": ".batches",
+    "load_corpus": ".corpus",
+    "load_data": ".sources",
+    "load_listops": ".listops",
+    "load_lra_image": ".lra_image",
+    "load_lra_pathfinder": ".lra_pathfinder",
+    "load_lra_retrieval": ".lra_retrieval",
+    "load_lra_text": ".lra_text",
+    "load_shapes": ".shapes",
+    "load_wikitext": ".wikitext",
+    "mask_tokens": ".batches",
+    "mlm_batch": ".batches",
+    "random_windows": ".batches",
+    "read_listops": ".listops",
+    "recall_examples": ".recall",
+    "resolve_tokenizer": ".tokenized",
+    "SPLITS": ".corpus",
+    "step_generator": ".batches",
+    "step_seed": ".batches",
+    "StreamBatches": ".batches",
+    "TokenCorpus": ".tokenized",
+    "tokenize_corpus": ".tokenized",
+    "Tokenizer": ".tokenizer",
+    "train_bpe": ".tokenizer",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = [
     "AssociativeRecall",
     "BYTE_VOCAB",

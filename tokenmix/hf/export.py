@@ -14,7 +14,8 @@ from transformers import PreTrainedTokenizerFast
 from ..data.tokenizer import MASK, Tokenizer
 from ..files import default_file_mode
 from ..models.model import SequenceModel
-from ..models.pretrained import CONFIG_FILE, HF_MODEL_TYPE, WEIGHTS_FILE, check_weights, read_json, read_saved
+from ..models.pretrained import HF_MODEL_TYPE, check_weights, read_json, read_saved
+from ..models.saving import CONFIG_FILE, WEIGHTS_FILE
 from ..train.checkpoint import CHECKPOINT_FILE
 from . import settings
 from .configuration import TokenmixConfig

@@ -8,7 +8,7 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ..train.generate import check_sampling
+from ..generation import check_sampling
 
 
 def transformers_generate(

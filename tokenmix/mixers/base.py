@@ -73,10 +73,19 @@ class Mixer(Configurable, nn.Module):
     ``padding_invariant_sides`` says which.
     """
 
+    # -- capabilities: what blocks, models, generation and bench ask of a mixer --------------------
     fft_based = False
     causal_modes: tuple[bool, ...] = (False, True)  # the values of ``causal`` the mixer supports
     padding_invariant_sides: tuple[str, ...] = ()
     """Sides ("left", "right") on which padding a sequence leaves the outputs at its real tokens those of the sequence alone."""
+    token_axes = 1
+    """1: tokens form a sequence; 2: a grid (H, W) flattened row by row."""
+    channelwise_linear = False
+    """Each channel's outputs are a fixed linear map of that channel's inputs: a (dim, n, n) operator."""
+    bounded_state = False
+    """Streaming: the state keeps one size at every position (a window, a chunk, a recurrence) instead of growing."""
+    toeplitz_streaming = False
+    """Streams by the online product with its taps ``kernel(n)``: decoding can be checked against the direct product."""
 
     def __init__(self, dim: int, causal: bool):
         super().__init__()

@@ -50,6 +50,8 @@ class FnetAr(Mixer):
     """
 
     causal_modes = (True,)
+    channelwise_linear = True
+    bounded_state = True  # the last window - 1 inputs
     state_type = FnetArState
     padding_invariant_sides = ("right",)  # a token's DFT row is its position counted from the first token
 

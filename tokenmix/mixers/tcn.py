@@ -66,6 +66,7 @@ class Tcn(Mixer):
     """Dilated depthwise TCN (name ``tcn``); see the module docstring for the options."""
 
     no_weight_decay = ("taps", "bias")
+    bounded_state = True  # the receptive field's last inputs per layer
 
     def __init__(
         self,

@@ -30,11 +30,9 @@ from ..ops.toeplitz import complex_readout
 from ..ops.toeplitz2d import fft_grid, naive_toeplitz2d_matrix, near_square_grid, spectral_matvec2d, toeplitz2d_spectrum
 from ..options import merge_options
 from .base import Mixer
-from .registry import build_mixer, mixer_class, register_mixer
+from .registry import build_mixer, list_mixers, mixer_class, register_mixer
 from .rpe import RelativePositionEncoder
 from .tno import ExponentialDecay, SpectrumCache, relative_lags
-
-AXIS_MIXERS = ("tno", "ski_tno", "fd_tno")
 
 
 def check_grid(grid) -> list[int] | None:
@@ -51,6 +49,8 @@ class GridMixer(Mixer):
     """A bidirectional mixer of tokens on a row-major grid: pads to the grid, ``mix_grid``, cuts the tail off."""
 
     causal_modes = (False,)
+    token_axes = 2
+    channelwise_linear = True  # separable2d: as its axis mixers are
 
     def __init__(self, dim: int, causal: bool, grid):
         if causal:
@@ -154,9 +154,19 @@ class Tno2d(GridMixer):
         return naive_toeplitz2d_matrix(self.kernel(grid)[..., channels])
 
 
+def axis_mixers() -> list[str]:
+    """The registered mixers ``separable2d`` can run along an axis: linear per channel, over a
+    sequence, bidirectional (the operator is the Kronecker product of two such matrices)."""
+    return [name for name in list_mixers() if _mixes_an_axis(mixer_class(name))]
+
+
+def _mixes_an_axis(cls) -> bool:
+    return cls.channelwise_linear and cls.token_axes == 1 and False in cls.causal_modes
+
+
 def check_axis_mixer(name) -> str:
-    if name not in AXIS_MIXERS:
-        raise ValueError(f"axis_mixer must be one of {list(AXIS_MIXERS)}, got {name!r}")
+    if not isinstance(name, str) or name not in list_mixers() or not _mixes_an_axis(mixer_class(name)):
+        raise ValueError(f"axis_mixer must be one of {axis_mixers()}, got {name!r}")
     return name
 
 

@@ -40,6 +40,8 @@ class ToeplitzStreaming:
     """Mixin of causal mixers given by taps ``stream_taps(lags, horizon)`` (lags 0 ... lags - 1, (lags, dim))."""
 
     state_type = ToeplitzStreamState
+    channelwise_linear = True
+    toeplitz_streaming = True
     taps_depend_on_length = False  # True: the taps change with the horizon (see the module docstring)
 
     def stream_taps(self, lags: int, horizon: int) -> torch.Tensor:

@@ -31,6 +31,7 @@ from ..state import StreamState, check_state
 from ..validation import check_int
 from .config import ModelConfig
 from .registry import model_spec
+from .saving import save_pretrained
 
 
 def check_tokens(tokens: torch.Tensor, vocab_size: int, mask: torch.Tensor | None) -> None:
@@ -185,8 +186,7 @@ class SequenceModel(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def save_pretrained(self, directory) -> None:
-        from .pretrained import save_pretrained
-
+        """``config.json`` and ``model.safetensors`` in ``directory`` (``models.saving``)."""
         save_pretrained(self, directory)
 
 

@@ -13,23 +13,14 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_model
+from safetensors.torch import load_file
 
 from ..devices import resolve_device
-from ..files import atomic_write, write_text_atomic
 from .config import ModelConfig
 from .model import SequenceModel
+from .saving import CONFIG_FILE, WEIGHTS_FILE
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 HF_MODEL_TYPE = "tokenmix"  # transformers' model_type of tokenmix models, and the key of their tokenmix config
-
-
-def save_pretrained(model: SequenceModel, directory) -> None:
-    """Write weights, then config, each atomically (temporary file, then rename)."""
-    directory = Path(directory)
-    atomic_write(directory / WEIGHTS_FILE, lambda temporary: save_model(model, str(temporary)))
-    write_text_atomic(directory / CONFIG_FILE, model.config.to_json())
 
 
 def read_json(path: Path, what: str):

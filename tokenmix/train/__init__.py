@@ -1,8 +1,8 @@
-"""Training, evaluation, checkpoints and generation."""
+"""Training, evaluation and checkpoints."""
 
 from .checkpoint import load_checkpoint, save_checkpoint
+from .config import TrainConfig
 from .evaluate import evaluate_lm, evaluate_mlm
-from .generate import generate
-from .loop import TrainConfig, Trainer
+from .loop import Trainer
 
-__all__ = ["TrainConfig", "Trainer", "evaluate_lm", "evaluate_mlm", "generate", "load_checkpoint", "save_checkpoint"]
+__all__ = ["TrainConfig", "Trainer", "evaluate_lm", "evaluate_mlm", "load_checkpoint", "save_checkpoint"]

@@ -343,7 +343,7 @@ def check_tokenizer_beside(file: Path, tokenizer) -> None:
 
 def train_config_of(state: dict, path):
     """The checkpoint's TrainConfig; ValueError naming ``path`` for settings this tokenmix refuses."""
-    from .loop import TrainConfig
+    from .config import TrainConfig
 
     try:
         return TrainConfig.from_dict(state["train_config"])

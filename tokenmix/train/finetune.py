@@ -19,7 +19,8 @@ import torch
 from ..data.corpus import BYTE_VOCAB
 from ..data.tokenizer import TOKENIZER_FILE, Tokenizer, byte_tokenizer
 from ..models.config import ModelConfig
-from ..models.pretrained import CONFIG_FILE, WEIGHTS_FILE, load_weights, read_saved
+from ..models.pretrained import load_weights, read_saved
+from ..models.saving import CONFIG_FILE, WEIGHTS_FILE
 from .checkpoint import checkpoint_tokenizer, load_checkpoint, model_config_of, resolve_checkpoint
 
 HEAD_PREFIX = "classifier."

@@ -14,26 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import numpy as np
 import torch
 
-from ..data.corpus import BYTE_VOCAB
-from ..data.tokenizer import Tokenizer, byte_tokenizer
+from ..data.tokenizer import Tokenizer
 from ..progress import progress_bar
-from ..validation import check_int, check_number
-
-Stop = int | str | Sequence[int] | None
-
-
-def check_sampling(temperature, top_k, top_p, seed) -> None:
-    """ValueError naming the argument unless the sampling options are valid (every generation path checks them)."""
-    check_number(temperature, "temperature (0 means greedy)", minimum=0)
-    if top_k is not None:
-        check_int(top_k, "top_k")
-    if top_p is not None:
-        check_number(top_p, "top_p", minimum=0, maximum=1, open_minimum=True)
-    if seed is not None:
-        check_int(seed, "seed", minimum=0)
+from ..validation import check_int
+from .sampling import check_sampling, choose_tokens, row_generator
+from .stops import Stop, StopRule
 
 
 def _check_options(model, prompts, max_new_tokens, rows) -> tuple[list[torch.Tensor], list[int]]:
@@ -49,83 +36,6 @@ def _check_options(model, prompts, max_new_tokens, rows) -> tuple[list[torch.Ten
     if len(rows) != len(prompts) or any(isinstance(row, bool) or not isinstance(row, int) or row < 0 for row in rows):
         raise ValueError(f"rows must be one non-negative row number per prompt ({len(prompts)}), got {rows!r}")
     return list(prompts), rows
-
-
-def row_generator(seed: int, row: int) -> torch.Generator:
-    """The sampling generator of row ``row`` under ``seed``: seeded from the pair (numpy's SeedSequence mixes them)."""
-    return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, row]).generate_state(1, np.uint64)[0] >> 1))
-
-
-def stop_ids(stop: Stop, vocab_size: int) -> list[int] | None:
-    """The token ids that end a row: a token id or a non-empty list of them."""
-    if stop is None:
-        return None
-    ids = [stop] if isinstance(stop, int) and not isinstance(stop, bool) else list(stop)
-    if not ids or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab_size for i in ids):
-        raise ValueError(f"stop must be a token id in [0, {vocab_size}), a non-empty list of them, or a string; got {stop!r}")
-    return ids
-
-
-class StopRule:
-    """When a row is done: its ids end with the stop ids, or (a string) the text its ids decode to
-    contains the stop text. Token boundaries of a BPE need not fall where the text does, so the row
-    ends with the token that completes the string; ``cut`` trims the text after it."""
-
-    def __init__(self, stop: Stop, vocab_size: int, tokenizer: Tokenizer | None = None):
-        self.ids, self.text = None, None
-        if isinstance(stop, str):
-            if tokenizer is None and vocab_size != BYTE_VOCAB:
-                raise ValueError(f"stop as a string needs the model's tokenizer (vocabulary {vocab_size}, not bytes): pass tokenizer=")
-            if not stop:
-                raise ValueError("stop must not be an empty string")
-            self.text, self.token_bytes = stop.encode(), (tokenizer or byte_tokenizer()).token_bytes
-        else:
-            self.ids = stop_ids(stop, vocab_size)
-
-    def reached(self, tokens: list[int]) -> bool:
-        if self.ids is not None:
-            return len(tokens) >= len(self.ids) and tokens[len(tokens) - len(self.ids) :] == self.ids
-        if self.text is None or not tokens:
-            return False
-        # Not found before the last token: a match ends inside its bytes, so a tail this long holds it.
-        needed, tail = len(self.text) - 1 + len(self.token_bytes[tokens[-1]]), []
-        for token in reversed(tokens):
-            tail.append(self.token_bytes[token])
-            needed -= len(tail[-1])
-            if needed <= 0:
-                break
-        return self.text in b"".join(reversed(tail))
-
-    def cut(self, text: bytes) -> bytes:
-        """``text`` up to the end of the first stop string in it (all of it for id stops or none found)."""
-        found = -1 if self.text is None else text.find(self.text)
-        return text if found < 0 else text[: found + len(self.text)]
-
-
-def choose_tokens(
-    logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None, generators: Sequence[torch.Generator | None]
-) -> torch.Tensor:
-    """One token per row of logits (rows, vocab): the argmax at temperature 0, else a sample from
-    softmax(logits / temperature) restricted to the top_k most likely and the smallest set whose
-    probability reaches top_p (nucleus sampling, Holtzman et al. 2020), drawn with each row's own
-    generator (None: torch's global one)."""
-    if logits.shape[0] == 0:
-        return torch.zeros(0, dtype=torch.long, device=logits.device)
-    logits = logits.float()
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    logits = logits / temperature
-    if top_k is not None and top_k < logits.shape[-1]:
-        threshold = logits.topk(top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < threshold, float("-inf"))
-    if top_p is not None and top_p < 1:
-        ordered, order = logits.sort(dim=-1, descending=True)
-        before = ordered.softmax(dim=-1).cumsum(dim=-1) - ordered.softmax(dim=-1)  # probability of the tokens ranked above
-        ordered = ordered.masked_fill(before >= top_p, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, ordered)
-    probabilities = torch.softmax(logits, dim=-1).cpu()
-    drawn = [torch.multinomial(row, 1, generator=generator) for row, generator in zip(probabilities, generators, strict=True)]
-    return torch.cat(drawn).to(logits.device)
 
 
 @torch.no_grad()

@@ -1,0 +1,7 @@
+"""Generation from a causal language model: decode loops over the streaming state, sampling, stop rules."""
+
+from .decode import generate, naive_generate
+from .sampling import check_sampling, choose_tokens, row_generator
+from .stops import Stop, StopRule
+
+__all__ = ["Stop", "StopRule", "check_sampling", "choose_tokens", "generate", "naive_generate", "row_generator"]
