@@ -1,5 +1,8 @@
 """Classification heads (pooling, the dual encoder), ragged examples, and the classification objective."""
 
+import json
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -113,6 +116,22 @@ def test_final_evaluation_is_the_whole_split_or_a_sample_of_final_eval_tokens(tm
     whole = Trainer(TrainConfig(**common, out=str(tmp_path / "whole")), progress=False).run()
     sampled = Trainer(TrainConfig(**common, final_eval_tokens=1, out=str(tmp_path / "sampled")), progress=False).run()
     assert (whole["examples"], sampled["examples"]) == (300, Classification.MIN_EXAMPLES)
+
+
+@pytest.mark.parametrize(("validation_examples", "evaluations"), [(200, 1), (300, 2)])
+def test_the_final_validation_reuses_the_last_steps_when_both_read_the_same_examples(tmp_path, validation_examples, evaluations):
+    """Periodic validation samples MIN_EXAMPLES (256) examples, the final one reads the split: a split of 200
+    is read once at the last step, one of 300 twice; the final record holds what was read."""
+    data = f"listops:max_length=40:train=20:val={validation_examples}:test=5"
+    config = TrainConfig(model="tnn", task="classify", data=data, dim=8, depth=1, batch_size=4, steps=2, warmup=0, eval_every=2)
+    trainer = Trainer(replace(config, eval_tokens=1, options={"rpe_dim": 4}, out=str(tmp_path)), progress=False)
+    read, evaluate = [], trainer.objective.evaluate
+    trainer.objective.evaluate = lambda *args, **options: read.append(options["max_tokens"]) or evaluate(*args, **options)
+    final = trainer.run()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    periodic = next(r for r in records if r.get("split") == "val" and not r.get("final"))
+    assert len(read) == evaluations and final["examples"] == validation_examples
+    assert (final["loss"] == periodic["loss"]) == (evaluations == 1)
 
 
 def test_retrieval_trains_the_dual_encoder_on_document_pairs(aan, tmp_path, capsys):

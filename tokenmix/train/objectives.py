@@ -60,6 +60,11 @@ class Objective:
     def evaluate(self, model, split: str, *, length: int, max_tokens: int | None = None, batch_size: int = EVAL_BATCH) -> dict:
         raise NotImplementedError  # pragma: no cover - abstract
 
+    def evaluation_extent(self, split: str, max_tokens: int | None):
+        """What ``evaluate(split, max_tokens=...)`` reads, comparable between calls: equal extents of one
+        split read the same data, so the same weights give the same metrics."""
+        return max_tokens
+
 
 class LanguageModeling(Objective):
     tasks = ("lm", "mlm")
@@ -140,10 +145,17 @@ class Classification(Objective):
         otherwise leave a handful."""
         examples = self.data.split(split)
         if max_tokens is not None and len(examples):
-            mean_length = max(1, examples.tokens.numel() // len(examples))
-            count = min(len(examples), max(self.MIN_EXAMPLES, max_tokens // mean_length))
+            count = self.evaluation_extent(split, max_tokens)
             examples = examples.subset(torch.randperm(len(examples), generator=torch.Generator().manual_seed(self.seed))[:count])
         return examples
+
+    def evaluation_extent(self, split, max_tokens):
+        """The number of examples ``sample`` takes (the first ones of one fixed permutation)."""
+        examples = self.data.split(split)
+        if max_tokens is None or not len(examples):
+            return len(examples)
+        mean_length = max(1, examples.tokens.numel() // len(examples))
+        return min(len(examples), max(self.MIN_EXAMPLES, max_tokens // mean_length))
 
 
 class Glue(Classification):
