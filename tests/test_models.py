@@ -68,3 +68,15 @@ def test_bad_model_arguments_raise(kwargs, message):
 def test_bad_tokens_raise(tokens, message):
     with pytest.raises(ValueError, match=message):
         tiny()(tokens)
+
+
+@pytest.mark.parametrize("name", tokenmix.list_models())
+def test_a_model_saved_by_an_earlier_release_loads_as_the_same_model(name):
+    """``tests/saved_models.py`` wrote one of each model; its config and weights still load and give its logits."""
+    from safetensors.torch import load_file
+    from saved_models import FOLDER, TOKENS
+
+    assert (FOLDER / name).is_dir(), f"no saved {name}: run python tests/saved_models.py"
+    model = tokenmix.from_pretrained(FOLDER / name).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), load_file(str(FOLDER / name / "logits.safetensors"))["logits"], rtol=1e-5, atol=1e-6)
