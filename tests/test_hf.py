@@ -39,16 +39,19 @@ SEGMENT = 8  # XL models stream in segments of 8 tokens, so prompts and generati
 
 def small(name: str, task: str = "lm", **extra):
     """A small model; chunked attention (where the model has it) in chunks of 8 tokens, so that
-    padding that shifted positions would move chunk boundaries."""
+    padding that shifted positions would move chunk boundaries; XL models in segments of 8."""
     torch.manual_seed(0)
-    if "chunk_size" in resolve_model_options(name, {}, dim=16, depth=2):
+    takes = resolve_model_options(name, {}, dim=16, depth=2)
+    if "chunk_size" in takes:
         extra.setdefault("chunk_size", 8)
+    if "segment_length" in takes:
+        extra.setdefault("segment_length", SEGMENT)
     return tokenmix.build_model(name, task=task, vocab_size=20, dim=16, depth=2, **extra).eval()
 
 
 def exported(model, directory, dtype=torch.float32):
     """``model`` written with ``tokenmix.hf.export`` and read back with ``AutoModelForCausalLM``."""
-    tokenmix.hf.export(model, directory, segment_length=SEGMENT if model.recurrent else None)
+    tokenmix.hf.export(model, directory)
     return AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).eval()
 
 
@@ -63,8 +66,7 @@ def left_padded(prompts: list[torch.Tensor], pad: int = 0) -> tuple[torch.Tensor
 
 def streamed_logits(model, tokens: torch.Tensor, horizon: int) -> torch.Tensor:
     """A single row's logits (length, vocab) through tokenmix's streaming state, as generation reads it."""
-    segment = SEGMENT if model.recurrent else None
-    state = model.init_state(1, max_length=horizon, segment_length=segment)
+    state = model.init_state(1, max_length=horizon)
     with torch.no_grad():
         return model(tokens[None], state=state, return_state=True)[0][0]
 
@@ -96,7 +98,7 @@ def test_greedy_generate_of_left_padded_prompts_equals_tokenmix_generate(name, t
     ids, mask = left_padded(prompts)
     options = {"do_sample": False, "max_new_tokens": 50, "pad_token_id": 0, "return_dict_in_generate": True, "output_logits": True}
     out = loaded.generate(ids, attention_mask=mask, **options)
-    expected = tokenmix.generate(model, prompts, 50, temperature=0, segment_length=SEGMENT if model.recurrent else None)
+    expected = tokenmix.generate(model, prompts, 50, temperature=0)
     horizon = ids.shape[1] + 50
     assert out.past_key_values.max_length == horizon  # the horizon tokenmix.generate plans for
     assert len(out.past_key_values.layer_states) == len(model.blocks)  # one entry per block
@@ -238,3 +240,12 @@ def test_generate_transformers_prints_what_tokenmix_generate_prints(tmp_path, te
     assert main(["generate", str(out), "--transformers", *flags]) == 0
     theirs = capsys.readouterr()
     assert theirs.out == ours.out and "transformers: 30 tokens in" in theirs.err and "tokenmix: 30 tokens in" in ours.err
+
+
+def test_an_export_from_before_xl_models_recorded_their_segment_still_streams_in_it(tmp_path):
+    """Such exports kept the segment beside the tokenmix config (``segment_length``); it reaches the model."""
+    tokenmix.hf.export(small("transformer_xl"), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["tokenmix"]["options"]["segment_length"]
+    (tmp_path / "config.json").write_text(json.dumps({**config, "segment_length": SEGMENT}))
+    assert AutoModelForCausalLM.from_pretrained(tmp_path).tokenmix.config.options["segment_length"] == SEGMENT

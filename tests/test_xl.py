@@ -51,10 +51,10 @@ def xl(name, **options):
 
 @pytest.mark.parametrize("name", ["transformer_xl", "fnet_ar_xl"])
 def test_segments_with_memory_equal_one_pass_when_memory_covers_the_stream(name):
-    model = xl(name)
+    model = xl(name, segment_length=16)
     tokens = torch.randint(0, 30, (2, 40))
     whole = model(tokens)
-    pieces, state = [], model.init_state(2, segment_length=16)
+    pieces, state = [], model.init_state(2)
     for start, stop in [(0, 10), (10, 23), (23, 24), (24, 40)]:
         logits, state = model(tokens[:, start:stop], state=state, return_state=True)
         pieces.append(logits)
@@ -73,9 +73,9 @@ def test_xl_language_models_are_causal(name):
 
 
 def test_memory_is_truncated_and_padding_ignored():
-    model = xl("transformer_xl", memory_length=5)
+    model = xl("transformer_xl", memory_length=5, segment_length=12)
     tokens = torch.randint(0, 30, (2, 12))
-    _, state = model(tokens, state=model.init_state(2, segment_length=12), return_state=True)
+    _, state = model(tokens, state=model.init_state(2), return_state=True)
     assert all(b.memory.shape[1] == 5 and b.segment.shape[1] == 0 for b in state.blocks)
     mask = torch.ones(2, 12, dtype=torch.bool)
     mask[1, 8:] = False
@@ -137,16 +137,33 @@ def test_xl_training_resumes_exactly_with_memory(tmp_path):
 @pytest.mark.parametrize("name", ["transformer_xl", "fnet_ar_xl"])
 def test_segments_stream_in_any_chunks_once_memory_is_truncated(name):
     """Segments of 8 with memory 8 (< the stream): one call per segment, as training reads them, equals any chunking."""
-    model = xl(name, memory_length=8)
+    model = xl(name, memory_length=8, segment_length=8)
     tokens = torch.randint(0, 30, (2, 45))
     with torch.no_grad():
-        by_segment, state = [], model.init_state(2, segment_length=8)
+        by_segment, state = [], model.init_state(2)
         for start in range(0, 45, 8):
             logits, state = model(tokens[:, start : start + 8], state=state, return_state=True)
             by_segment.append(logits)
-        chunked, state = [], model.init_state(2, segment_length=8)
+        chunked, state = [], model.init_state(2)
         for chunk in random_chunks(45, seed=4):
             logits, state = model(tokens[:, chunk], state=state, return_state=True)
             chunked.append(logits)
     assert relative_error(torch.cat(chunked, dim=1), torch.cat(by_segment, dim=1)) <= 1e-10
     assert relative_error(torch.cat(by_segment, dim=1)[:, 8:], model(tokens)[:, 8:]) > 1e-6  # memory was truncated: not one segment
+
+
+def test_a_run_records_its_segment_and_older_configs_get_their_runs():
+    """``segment_length`` is a model option: a run records its --seq-len (unless given); a config saved
+    before it existed gets the segment its run trained with, and other models none."""
+    from tokenmix.models import ModelConfig
+    from tokenmix.models.config import with_segment_length
+
+    fields = {"vocab_size": 30}
+    assert TrainConfig(model="transformer_xl", seq_len=24).model_config(fields).options["segment_length"] == 24
+    assert TrainConfig(model="fnet_ar_xl", seq_len=24, options={"segment_length": 8}).model_config(fields).options["segment_length"] == 8
+    assert "segment_length" not in TrainConfig(model="tnn", seq_len=24).model_config(fields).options
+    saved = ModelConfig("transformer_xl", "lm", vocab_size=30, dim=16, depth=2).to_dict()
+    del saved["options"]["segment_length"]
+    assert with_segment_length(ModelConfig.from_dict(saved), saved, 24).options["segment_length"] == 24
+    tnn = ModelConfig("tnn", "lm", vocab_size=30, dim=16, depth=2).to_dict()
+    assert "segment_length" not in with_segment_length(ModelConfig.from_dict(tnn), tnn, 24).options

@@ -506,7 +506,6 @@ def run_generate(args) -> int:
         "top_p": args.top_p,
         "stop": stop,
         "seed": args.seed,
-        "segment_length": train_config["seq_len"] if model.recurrent else None,  # XL: the segments it was trained on
         "tokenizer": tokenizer,
     }
     if args.stream:
@@ -598,8 +597,7 @@ def run_export_hf(args) -> int:
             raise ValueError(str(error)) from None
         check_output_path(args.out, "out", directory=True)
         model, train_config, tokenizer = model_from_checkpoint(args.checkpoint)
-        segment_length = train_config["seq_len"] if model.recurrent else None  # XL: the segments it was trained on
-        directory = hf.export(model, args.out, tokenizer, segment_length=segment_length, overwrite=args.overwrite)
+        directory = hf.export(model, args.out, tokenizer, overwrite=args.overwrite)
     files = sorted(path.name for path in directory.iterdir())
     print(f"wrote {directory}: {', '.join(files)}")
     return 0

@@ -14,7 +14,7 @@ import torch
 
 from ..mixers.registry import build_mixer, list_mixers, mixer_class
 from ..models.model import build_model
-from ..models.registry import list_models, model_spec
+from ..models.registry import list_models, model_spec, resolve_model_options
 
 TRAINING_KINDS = ("mixer", "layer", "model")
 KINDS = (*TRAINING_KINDS, "generate")  # what --kinds selects; generate: the generate and generate_mixer cases
@@ -60,7 +60,10 @@ class Case:
         if self.kind in ("model", "generate"):
             task = "lm" if self.causal else "mlm"
             depth = GENERATE_DEPTH if self.kind == "generate" else MODEL_DEPTH
-            module = build_model(self.name, task=task, vocab_size=MODEL_VOCAB, dim=self.dim, depth=depth, **self.options)
+            options = dict(self.options)
+            if self.kind == "generate" and "segment_length" in resolve_model_options(self.name, options, self.dim, depth):
+                options.setdefault("segment_length", GENERATE_SEGMENT)  # recurrent (XL) models decode in segments
+            module = build_model(self.name, task=task, vocab_size=MODEL_VOCAB, dim=self.dim, depth=depth, **options)
             length = self.length + (self.kind == "generate")  # generate: the prompt and the next token
             inputs = torch.randint(0, MODEL_VOCAB, (self.batch, length), device=device)
         else:

@@ -19,7 +19,7 @@ import time
 import torch
 
 from ..ops.online_toeplitz import naive_online_step
-from .cases import GENERATE_SEGMENT, Case
+from .cases import Case
 from .records import GenerateMeasurement, MixerGenerateMeasurement, identity
 from .timing import WARMUP, median_ms, sync, time_tokens
 
@@ -29,10 +29,9 @@ def measure_generate(case: Case, repeats: int = 7) -> GenerateMeasurement:
     model.eval()
     device, position = tokens.device, case.length
     recompute = position <= case.limits.get("recompute_max", position)
-    segment = GENERATE_SEGMENT if model.recurrent else None
     with torch.no_grad():
-        model(tokens[:, :8], state=model.init_state(case.batch, segment_length=segment), return_state=True)  # first-call costs
-        state = model.init_state(case.batch, max_length=position + WARMUP + repeats, segment_length=segment)
+        model(tokens[:, :8], state=model.init_state(case.batch), return_state=True)  # first-call costs
+        state = model.init_state(case.batch, max_length=position + WARMUP + repeats)
         sync(device)
         start = time.perf_counter()
         _, state = model(tokens[:, :position], state=state, return_state=True)

@@ -81,7 +81,7 @@ class GatedAttention:
         q, k = self.position.rotate(q, k)
         return chunked_attention(q, k, v, self.chunk_size, self.causal, mask, self.position.bias_function())
 
-    def init_state(self, batch_size: int, device=None, dtype=None, *, max_length: int | None = None) -> AttentionCache:
+    def init_state(self, batch_size: int, *, max_length: int | None = None, device=None, dtype=None) -> AttentionCache:
         weight = self.position.table if self.position.table is not None else torch.empty(0)
         return empty_cache(batch_size, 1, self.key_width, self.value_width, device or weight.device, dtype or weight.dtype)
 

@@ -61,18 +61,10 @@ class StreamingBlock:
         """The sides every part mixing tokens declares (the rest of the body works token by token)."""
         return common_padding_sides(self.stream_parts())
 
-    def init_state(
-        self,
-        batch_size: int,
-        device=None,
-        dtype: torch.dtype | None = None,
-        *,
-        max_length: int | None = None,
-        segment_length: int | None = None,
-    ) -> BlockState:
-        """Every part's empty state; ``segment_length`` concerns segment-recurrent (XL) blocks only."""
+    def init_state(self, batch_size: int, *, max_length: int | None = None, device=None, dtype: torch.dtype | None = None) -> BlockState:
+        """Every part's empty state."""
         check_int(batch_size, "batch_size", minimum=0)
-        return BlockState([part.init_state(batch_size, device, dtype, max_length=max_length) for part in self.stream_parts()])
+        return BlockState([part.init_state(batch_size, max_length=max_length, device=device, dtype=dtype) for part in self.stream_parts()])
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.body(x, mask, Forward(mask))

@@ -114,7 +114,11 @@ class XlState(StreamState):
 
 
 class XlBlock(Configurable, nn.Module):
-    """One Transformer-XL layer; ``mixer`` is "attention" or "fnet_ar" (window W = ``window``)."""
+    """One Transformer-XL layer; ``mixer`` is "attention" or "fnet_ar" (window W = ``window``).
+
+    ``segment_length`` S: streamed, every S tokens the segment becomes memory, as in training (runs
+    record their ``--seq-len``); None: the whole stream is one segment. ``forward`` reads its input
+    as one segment without memory."""
 
     recurrent = True
 
@@ -128,10 +132,12 @@ class XlBlock(Configurable, nn.Module):
         window: int = 512,
         ffn_expand: float = 4,
         dropout: float = 0.0,
+        segment_length: int | None = None,
     ):
         super().__init__()
         if not causal:
             raise ValueError("Transformer-XL blocks are causal: use them with task='lm'")
+        self.segment_length = None if segment_length is None else check_int(segment_length, "segment_length")
         if mixer not in XL_MIXERS:
             raise ValueError(f"mixer must be one of {list(XL_MIXERS)}, got {mixer!r}")
         check_int(memory_length, "memory_length", minimum=0)
@@ -156,19 +162,12 @@ class XlBlock(Configurable, nn.Module):
         """Its mixer's (the norms and the FFN work token by token)."""
         return self.mixer.padding_invariant_sides
 
-    def init_state(
-        self,
-        batch_size: int,
-        device=None,
-        dtype: torch.dtype | None = None,
-        *,
-        max_length: int | None = None,
-        segment_length: int | None = None,
-    ) -> XlState:
-        """An empty memory and segment; ``segment_length`` S: every S tokens the segment becomes memory."""
+    def init_state(self, batch_size: int, *, max_length: int | None = None, device=None, dtype: torch.dtype | None = None) -> XlState:
+        """An empty memory and segment, segments of ``segment_length``."""
         check_int(batch_size, "batch_size", minimum=0)
-        if segment_length is not None:
-            check_int(segment_length, "segment_length")
+        return self._empty_state(batch_size, device, dtype, self.segment_length)
+
+    def _empty_state(self, batch_size: int, device, dtype, segment_length: int | None) -> XlState:
         weight = self.ffn_norm.weight
         device, dtype = device or weight.device, dtype or weight.dtype
         empty = torch.zeros(batch_size, 0, weight.shape[0], device=device, dtype=dtype)
@@ -176,7 +175,7 @@ class XlBlock(Configurable, nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """One segment without memory."""
-        return self.step(x, self.init_state(x.shape[0], x.device, x.dtype), mask)[0]
+        return self.step(x, self._empty_state(x.shape[0], x.device, x.dtype, None), mask)[0]
 
     def step(self, x: torch.Tensor, state: XlState, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, XlState]:
         """The next chunk x (batch, k, d) of the stream, split where segments end."""

@@ -50,7 +50,6 @@ def generate(
     stop: Stop = None,
     seed: int | None = None,
     rows: Sequence[int] | None = None,
-    segment_length: int | None = None,
     on_token: Callable[[int, int], None] | None = None,
     tokenizer: Tokenizer | None = None,
     progress: bool = False,
@@ -61,9 +60,9 @@ def generate(
     row ends with the token that completes it in the decoded text (``StopRule``; ``tokenizer``
     decodes, bytes by default). ``seed`` fixes the sampling: prompt i samples with the generator of
     (seed, rows[i]) (``rows`` default 0, 1, ...), so a prompt generated alone with ``rows=[i]`` gets
-    what it gets as row i of a batch. ``segment_length``: the segment of XL models' memory (default:
-    none, the whole stream is one segment). ``on_token(row, id)`` is called for every new token as
-    it is chosen (streaming output); ``progress`` shows a bar of the tokens made.
+    what it gets as row i of a batch (XL models stream in segments of their ``segment_length``).
+    ``on_token(row, id)`` is called for every new token as it is chosen (streaming output);
+    ``progress`` shows a bar of the tokens made.
     """
     prompts, rows = _check_options(model, prompts, max_new_tokens, rows)
     check_sampling(temperature, top_k, top_p, seed)
@@ -75,7 +74,7 @@ def generate(
     lengths = [prompt.numel() for prompt in prompts]
     new: list[list[int]] = [[] for _ in prompts]
     shared = min(lengths)
-    state = model.init_state(len(prompts), device, max_length=max(lengths) + max_new_tokens, segment_length=segment_length)
+    state = model.init_state(len(prompts), max_length=max(lengths) + max_new_tokens, device=device)
     logits, state = model(torch.stack([prompt[:shared] for prompt in prompts]).to(device), state=state, return_state=True)
     active, position = list(range(len(prompts))), shared  # prompts still in the batch; tokens read so far
     bar = progress_bar(total=len(prompts) * max_new_tokens, unit="token", desc="generating", disable=not progress)

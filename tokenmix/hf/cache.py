@@ -81,7 +81,7 @@ class TokenmixCache(Cache):
         self.rows, self.seen = 0, 0
         self.max_length = max_length
 
-    def read(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, segment_length: int | None) -> torch.Tensor:
+    def read(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """Logits of the new tokens ``input_ids`` (batch, new), the states advanced over them. The
         first call starts the states (``attention_mask`` may pad on the left); later ones read real tokens."""
         new = input_ids.shape[1]
@@ -90,7 +90,7 @@ class TokenmixCache(Cache):
             groups = groups_of(left_padding(window) or [new] * input_ids.shape[0])
             self.rows = input_ids.shape[0]
             for rows in groups.values():
-                state = model.init_state(len(rows), input_ids.device, max_length=self.max_length, segment_length=segment_length)
+                state = model.init_state(len(rows), max_length=self.max_length, device=input_ids.device)
                 self.groups.append(_Group(torch.tensor(rows), state))
             starts = [new - length for length in groups]  # each group reads its real tokens only
         else:

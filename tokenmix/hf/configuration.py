@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from transformers import PreTrainedConfig
 
-from ..models.config import ModelConfig
+from ..models.config import ModelConfig, with_segment_length
 
 
 class TokenmixConfig(PreTrainedConfig):
     """``tokenmix`` is the model's ``ModelConfig.to_dict()``: its name, task, sizes and every
     resolved option (defaults included, with a format version), so the model rebuilds exactly.
-    ``segment_length``: the XL models' segment (their training length); ``vocab_size`` and
-    ``hidden_size`` mirror the tokenmix config for tools that read them."""
+    ``segment_length``: read from exports written before XL models recorded their segment in
+    ``tokenmix``; ``vocab_size`` and ``hidden_size`` mirror the tokenmix config for tools that read them."""
 
     model_type = "tokenmix"
     tokenmix: dict | None = None
@@ -34,4 +34,4 @@ class TokenmixConfig(PreTrainedConfig):
         """The tokenmix ModelConfig, with ``changes`` (a head's task and classes)."""
         if self.tokenmix is None:
             raise ValueError("TokenmixConfig needs tokenmix=ModelConfig.to_dict() of the model it describes")
-        return ModelConfig.from_dict({**self.tokenmix, **changes})
+        return with_segment_length(ModelConfig.from_dict({**self.tokenmix, **changes}), self.tokenmix, self.segment_length)

@@ -47,14 +47,10 @@ def hf_tokenizer(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend, padding_side="left", **_special(tokenizer))
 
 
-def export(
-    model: SequenceModel, directory, tokenizer: Tokenizer | None = None, *, segment_length: int | None = None, overwrite: bool = False
-) -> Path:
+def export(model: SequenceModel, directory, tokenizer: Tokenizer | None = None, *, overwrite: bool = False) -> Path:
     """Write ``model`` (and ``tokenizer``) to ``directory`` for ``from_pretrained`` of transformers'
-    Auto classes (after ``import tokenmix.hf``) and of ``tokenmix.from_pretrained``.
-
-    ``segment_length``: an XL model's training segment (``tokenmix export-hf`` passes the run's
-    ``--seq-len``). A directory that holds files is refused unless ``overwrite``.
+    Auto classes (after ``import tokenmix.hf``) and of ``tokenmix.from_pretrained``. A directory
+    that holds files is refused unless ``overwrite``.
     """
     directory = Path(directory)
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())) and not overwrite:
@@ -63,7 +59,6 @@ def export(
     special = {} if tokenizer is None else _special(tokenizer)
     config = TokenmixConfig(
         tokenmix=model.config.to_dict(),
-        segment_length=segment_length,
         architectures=[model_class.__name__],
         pad_token_id=tokenizer.pad_id if special.get("pad_token") else None,
         eos_token_id=tokenizer.end_of_document_id if special.get("eos_token") else None,

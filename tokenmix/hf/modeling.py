@@ -99,7 +99,7 @@ class TokenmixForCausalLM(TokenmixPreTrainedModel, GenerationMixin):
         if use_cache or past_key_values is not None:
             # a cache started here plans for this input (an FD-TNO's grid is that of its horizon: see docs/inference.md)
             cache = past_key_values if past_key_values is not None else TokenmixCache(max_length=input_ids.shape[1])
-            logits = cache.read(self.tokenmix, input_ids, attention_mask, self.config.segment_length)
+            logits = cache.read(self.tokenmix, input_ids, attention_mask)
         else:
             cache, logits = None, read_unpadded(self.tokenmix, input_ids, attention_mask)
         loss = None if labels is None else self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)

@@ -118,7 +118,7 @@ class Mixer(Configurable, nn.Module):
         """The dtype a state for inputs of ``dtype`` holds (FFT-based mixers: their spectral dtype)."""
         return dtype
 
-    def init_state(self, batch_size: int, device=None, dtype: torch.dtype | None = None, *, max_length: int | None = None) -> StreamState:
+    def init_state(self, batch_size: int, *, max_length: int | None = None, device=None, dtype: torch.dtype | None = None) -> StreamState:
         """The state before the first token, for inputs of ``dtype`` (default: the parameters' dtype).
 
         ``max_length``: the longest stream expected; mixers whose operator depends on the sequence

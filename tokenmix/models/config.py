@@ -106,3 +106,25 @@ class ModelConfig:
                 stacklevel=2,
             )
         return cls(**{key: value for key, value in data.items() if key not in ("format_version", "tokenmix_version")})
+
+
+def with_segment_length(config: ModelConfig, saved: dict, segment_length: int | None) -> ModelConfig:
+    """A config written before segment-recurrent (XL) models recorded their ``segment_length``: the
+    segment they were trained with (the run's ``--seq-len``, or an export's field) where the model
+    takes one and the ``saved`` config dict lacks it."""
+    if segment_length is not None and "segment_length" in config.options and "segment_length" not in saved.get("options", {}):
+        config.options["segment_length"] = segment_length
+    return config
+
+
+def signature_with_segment_length(signature: str, config: ModelConfig) -> str:
+    """A saved stream's model signature (its model's config JSON) from before XL models recorded their
+    ``segment_length``: ``config``'s where they differ in nothing else, else unchanged."""
+    try:
+        saved = json.loads(signature)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a format 1 config's: the checkpoint's own config warned already
+            migrated = with_segment_length(ModelConfig.from_dict(saved), saved, config.options.get("segment_length"))
+    except (ValueError, TypeError, AttributeError):
+        return signature
+    return config.to_json() if migrated.to_json() == config.to_json() else signature

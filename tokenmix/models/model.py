@@ -12,9 +12,9 @@ Streaming (task "lm"): ``logits, state = model(tokens, state=state, return_state
 the stream in ``state`` (None: a new one, ``init_state``); any chunking gives the logits of one
 forward over the whole stream. The state is a ``ModelState``: each block's own state (a block
 carries its parts'), so a prompt is read once and every new token costs one step.
-Recurrent models (Transformer-XL and FNetAR-XL) read a stream segment by segment: with
-``init_state(..., segment_length=S)`` each block keeps the block inputs of earlier segments as
-memory (no gradient), the way they are trained.
+Recurrent models (Transformer-XL and FNetAR-XL) read a stream segment by segment: with the option
+``segment_length=S`` (a run records its ``--seq-len``) each block keeps the block inputs of
+earlier segments as memory (no gradient), the way they are trained.
 """
 
 from __future__ import annotations
@@ -110,28 +110,18 @@ class SequenceModel(nn.Module):
         """What a state must have been made for: this model's name, sizes and options."""
         return self.config.to_json()
 
-    def init_state(
-        self,
-        batch_size: int,
-        device=None,
-        dtype: torch.dtype | None = None,
-        *,
-        max_length: int | None = None,
-        segment_length: int | None = None,
-    ) -> ModelState:
-        """The state before the first token (task "lm").
+    def init_state(self, batch_size: int, *, max_length: int | None = None, device=None, dtype: torch.dtype | None = None) -> ModelState:
+        """The state before the first token (task "lm"), on the parameters' device and dtype unless given.
 
         ``max_length``: the longest stream expected (mixers whose operator depends on the length use
-        it, see ``Mixer.init_state``); ``segment_length``: the segment of the XL blocks' memory.
+        it, see ``Mixer.init_state``).
         """
         if self.config.task != "lm":
             raise ValueError(f"only causal language models stream; this model has task={self.config.task!r}")
         check_int(batch_size, "batch_size", minimum=0)
         weight = self.embedding.weight
         device, dtype = torch.device(device) if device is not None else weight.device, dtype or weight.dtype
-        blocks = [
-            block.init_state(batch_size, device, dtype, max_length=max_length, segment_length=segment_length) for block in self.blocks
-        ]
+        blocks = [block.init_state(batch_size, max_length=max_length, device=device, dtype=dtype) for block in self.blocks]
         return ModelState(blocks, 0, self.signature)
 
     def hidden_states(self, tokens: torch.Tensor, mask: torch.Tensor | None = None, state: ModelState | None = None):
@@ -161,7 +151,7 @@ class SequenceModel(nn.Module):
             return self.classify(tokens, mask)
         if state is None and return_state:
             check_tokens(tokens, self.config.vocab_size, mask)
-            state = self.init_state(tokens.shape[0], tokens.device)
+            state = self.init_state(tokens.shape[0], device=tokens.device)
         h, next_state = self.hidden_states(tokens, mask, state)
         logits = h @ self.embedding.weight.t()
         return (logits, next_state) if return_state else logits

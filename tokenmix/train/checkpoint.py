@@ -255,12 +255,16 @@ def segment_state_of(plain: dict | None, model, batch_size: int, path, rank: int
     changes); ValueError naming ``path`` unless the model takes it for a batch of ``batch_size``."""
     if plain is None:
         return None
+    from ..models.config import signature_with_segment_length
+    from ..models.model import ModelState
     from ..state import StreamState
 
     where = f"checkpoint {str(path)!r}: segment_states[{rank}]"
     state = StreamState.from_plain(plain, where)
+    if isinstance(state, ModelState):  # perhaps from before XL models recorded their segment_length
+        state.model = signature_with_segment_length(state.model, model.config)
     device, training = next(model.parameters()).device, model.training
-    difference = _state_difference(state, model.init_state(batch_size, device), "the state")
+    difference = _state_difference(state, model.init_state(batch_size, device=device), "the state")
     if difference:
         raise ValueError(f"{where} does not fit the model: {difference}")
     model.eval()
@@ -352,10 +356,12 @@ def train_config_of(state: dict, path):
 
 
 def model_config_of(state: dict, path):
-    """The checkpoint's ModelConfig; ValueError naming ``path`` for a config this tokenmix cannot build."""
-    from ..models.config import ModelConfig
+    """The checkpoint's ModelConfig (an XL model's segment its run's ``seq_len`` where the config
+    predates ``segment_length``); ValueError naming ``path`` for a config this tokenmix cannot build."""
+    from ..models.config import ModelConfig, with_segment_length
 
     try:
-        return ModelConfig.from_dict(state["model_config"])
+        config = ModelConfig.from_dict(state["model_config"])
     except ValueError as error:
         raise ValueError(f"checkpoint {str(path)!r}: its model config is invalid: {error}") from None
+    return with_segment_length(config, state["model_config"], state["train_config"]["seq_len"])

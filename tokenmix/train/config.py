@@ -128,11 +128,15 @@ class TrainConfig:
 
     def model_config(self, data_fields: dict) -> ModelConfig:
         """The model for the data's ``data_fields`` (``Objective.model_fields``: vocabulary, and for
-        classification classes, documents and the image grid, which reaches mixers that take one)."""
+        classification classes, documents and the image grid, which reaches mixers that take one);
+        segment-recurrent (XL) models get segments of ``seq_len``, the way they are trained."""
         fields = dict(data_fields)
         grid = fields.pop("grid", None)
         options = {"dropout": self.dropout, **self.options}
-        if grid is not None and "grid" not in options and "grid" in resolve_model_options(self.model, options, self.dim, self.depth):
+        takes = resolve_model_options(self.model, options, self.dim, self.depth)
+        if grid is not None and "grid" not in options and "grid" in takes:
             options["grid"] = list(grid)
+        if "segment_length" not in options and "segment_length" in takes:
+            options["segment_length"] = self.seq_len
         pool = {"pool": self.pool} if self.task == "classify" else {}
         return ModelConfig(self.model, self.task, dim=self.dim, depth=self.depth, options=options, **pool, **fields)

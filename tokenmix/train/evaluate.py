@@ -62,14 +62,20 @@ def _evaluate(
 
 @torch.no_grad()
 def _evaluate_streams(model, data: torch.Tensor, length: int, batch_size: int, byte_lengths: torch.Tensor | None) -> dict:
-    """Next-token loss over contiguous streams read in segments of ``length``, memory carried."""
+    """Next-token loss over contiguous streams read in windows of ``length``, state carried: segments
+    of the model's ``segment_length``, the memory of the earlier ones."""
+    if model.config.options.get("segment_length") is None:
+        raise ValueError(
+            f"evaluating {model.config.name!r} needs its segment_length (the segment it was trained with): "
+            "build it with segment_length=S (tokenmix train records --seq-len)"
+        )
     rows = max(1, min(batch_size, (data.numel() - 1) // length))
     stream_length = (data.numel() - 1) // rows
     table = data[torch.arange(rows)[:, None] * stream_length + torch.arange(stream_length + 1)[None, :]].long()
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    total, text_bytes, state = 0.0, 0, model.init_state(rows, device, segment_length=length)
+    total, text_bytes, state = 0.0, 0, model.init_state(rows, device=device)
     for start in range(0, stream_length, length):
         window = table[:, start : start + length + 1].to(device)
         logits, state = model(window[:, :-1], state=state, return_state=True)

@@ -62,12 +62,12 @@ def _plain_segment_state(state, model_config: dict, segment_length: int):
     if state is None:
         return None
     if isinstance(state, _SegmentState):
-        from ..models.config import ModelConfig
+        from ..models.config import ModelConfig, with_segment_length
         from ..models.model import SequenceModel
 
-        model = SequenceModel(ModelConfig.from_dict(model_config))
+        model = SequenceModel(with_segment_length(ModelConfig.from_dict(model_config), model_config, segment_length))
         first = state.memory[0]
-        modern = model.init_state(first.shape[0], first.device, first.dtype, segment_length=segment_length)
+        modern = model.init_state(first.shape[0], device=first.device, dtype=first.dtype)
         for block, memory in zip(modern.blocks, state.memory, strict=True):
             block.memory, block.position = memory, state.position
         modern.position = state.position

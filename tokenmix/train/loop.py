@@ -29,7 +29,6 @@ from ..data.provenance import data_changes, record_reads
 from ..data.sources import DataSource, load_data
 from ..data.tokenizer import TOKENIZER_FILE, Tokenizer
 from ..devices import resolve_device
-from ..models.config import ModelConfig
 from ..models.model import ModelState, SequenceModel
 from ..models.pretrained import load_weights
 from ..models.saving import save_pretrained
@@ -164,7 +163,7 @@ class Trainer:
         self.objective = objective_for(self.data, config.task, config.seed)
         checkpoint = self._check_resume(saved) if resume else None
         # A resumed model is rebuilt from the checkpoint's resolved config, so defaults that changed since do not touch it.
-        model_config = ModelConfig.from_dict(checkpoint["model_config"]) if resume else config.model_config(self._model_fields())
+        model_config = model_config_of(checkpoint, self.out / CHECKPOINT_FILE) if resume else config.model_config(self._model_fields())
         torch.manual_seed(config.seed)
         self.model = SequenceModel(model_config)
         if self.pretrained is not None:
@@ -349,7 +348,7 @@ class Trainer:
         inputs, targets, mask = (None if t is None else t.to(self.device).expand(copies, *t.shape[1:]) for t in example)
         if not self.model.recurrent:
             return self.objective.loss(self.model(inputs, mask), targets)
-        state = self.model.init_state(copies, self.device, segment_length=self.config.seq_len)
+        state = self.model.init_state(copies, device=self.device)
         with torch.no_grad():
             _, state = self.model(inputs, state=state, return_state=True)
         return self.objective.loss(self.model(inputs, state=state, return_state=True)[0], targets)
@@ -364,7 +363,7 @@ class Trainer:
         else:
             inputs, targets, fresh = self.streams.batch(self.step)
             inputs, targets = inputs.to(self.device), targets.to(self.device)
-            state = self.model.init_state(inputs.shape[0], self.device, segment_length=self.config.seq_len) if fresh else self.segment_state
+            state = self.model.init_state(inputs.shape[0], device=self.device) if fresh else self.segment_state
             logits, self.segment_state = self.trained(inputs, state=state, return_state=True)
             tokens = inputs.numel()
         loss = self.objective.loss(logits, targets)
