@@ -5,8 +5,9 @@ tokens (and, in a classifier, in its pooled summaries and class logits) the outp
 alone. On an undeclared side what holds is that the padding's content does not matter; and there
 the row alone does differ, so a declaration is as wide as the operator allows.
 
-Caches: the Toeplitz mixers keep their spectrum in eval mode (``SpectrumCache``) and their decoding
-taps (``ToeplitzStreaming._tile_kernels``), keyed by the parameters' storage and version. After the
+Caches: the Toeplitz mixers keep their spectrum without autograd and their decoding taps
+(``ToeplitzStreaming._tile_kernels``) in ``mixers.cache.Cache``, keyed by the parameters' storage
+and version (``weight_versions``). After the
 weights change in place (an optimizer step, ``load_state_dict``, a dtype round trip), the eval
 forward equals that of a freshly built twin with the new weights, and a fresh stream that forward.
 """
@@ -156,8 +157,8 @@ def assert_weight_changes_reach_every_cache(build, inputs, loss, stepper) -> Non
 
 @pytest.mark.parametrize(("name", "causal"), WEIGHTED_MODES)
 def test_mixer_caches_follow_weights_changed_in_place(name, causal):
-    """Fails if ``p._version`` leaves the key of ``ToeplitzStreaming._tile_kernels`` (after an AdamW step a stream
-    applies the old taps) or of ``SpectrumCache`` (the eval forward applies the old spectrum)."""
+    """Fails if ``p._version`` leaves ``weight_versions``, the key of every weight-derived cache (after an AdamW
+    step a stream applies the old taps, the eval forward the old spectrum)."""
     x = torch.randn(2, HORIZON, DIM)
     assert_weight_changes_reach_every_cache(
         lambda: mixer(name, causal),

@@ -22,9 +22,10 @@ from ..ops.fft import fast_fft_size, spectral_dtype
 from ..ops.hilbert import causal_impulse_response, causal_spectrum
 from ..ops.toeplitz import complex_readout, spectral_matvec
 from .base import Mixer, ToeplitzOperator
+from .cache import Cache
 from .registry import register_mixer
 from .rpe import RelativePositionEncoder
-from .tno import SpectrumCache
+from .tno import cached_or_factored_matvec
 from .toeplitz_stream import ToeplitzStreaming
 
 
@@ -43,7 +44,7 @@ class FdTno(ToeplitzStreaming, ToeplitzOperator, Mixer):
     def __init__(self, dim: int, causal: bool = False, *, rpe_dim: int = 64, rpe_layers: int = 3, activation: str = "gelu"):
         super().__init__(dim, causal)
         self.rpe = RelativePositionEncoder(dim if causal else 2 * dim, rpe_dim, rpe_layers, activation)
-        self._cache = SpectrumCache()
+        self._cache = Cache()
 
     def _basis(self, fft_size: int) -> torch.Tensor:
         """[features, 1] of the RPE at the rfft frequencies, (e + 1, N/2 + 1): the response is readout^T @ basis."""
@@ -98,5 +99,5 @@ class FdTno(ToeplitzStreaming, ToeplitzOperator, Mixer):
         rows, so G is formed by two matmuls and differentiated plainly."""
         fft_size = fast_fft_size(2 * x.shape[1])
         if self.causal:
-            return self._cache.factored_matvec(self, x, fft_size, fft_size, lambda: self.causal_factors(fft_size))
-        return spectral_matvec(x, self._cache.get(self, fft_size, lambda: self.spectrum(fft_size)), fft_size)
+            return cached_or_factored_matvec(self._cache, self, x, fft_size, fft_size, lambda: self.causal_factors(fft_size))
+        return spectral_matvec(x, self._cache.get(fft_size, lambda: self.spectrum(fft_size), weights=self), fft_size)

@@ -48,9 +48,10 @@ from ..ops.ski import (
 from ..ops.toeplitz import naive_toeplitz_matrix, toeplitz_spectrum
 from ..validation import check_int
 from .base import PADDING_SIDES, Mixer
+from .cache import Cache
 from .registry import register_mixer
 from .rpe import PiecewiseLinearEncoder
-from .tno import SpectrumCache, relative_lags
+from .tno import cached_or_factored_matvec, relative_lags
 from .toeplitz_stream import ToeplitzStreaming
 
 PATHS = ("auto", "dense", "sparse")
@@ -58,22 +59,6 @@ PATHS = ("auto", "dense", "sparse")
 # `tokenmix bench --mixers ski_tno -o path=... -o interpolation=...` at lengths 256-16384 (docs/ski_fd.md):
 # linear upsampling beat the matmuls at every length, the cubic gather/scatter at none.
 SPARSE_FROM_LENGTH = {"linear": 1, "cubic": None}
-
-
-class _LengthCache:
-    """Parameter-free tensors per (length, device, dtype): interpolation weights, basis spectra."""
-
-    def __init__(self, build):
-        self.build = build
-        self.entries: dict = {}
-
-    def __call__(self, n: int, device, dtype: torch.dtype):
-        key = (n, str(device), dtype)
-        if key not in self.entries:
-            if len(self.entries) >= 8:
-                self.entries.clear()
-            self.entries[key] = self.build(n, device, dtype)
-        return self.entries[key]
 
 
 @register_mixer("ski_tno")
@@ -117,16 +102,18 @@ class SkiTno(ToeplitzStreaming, Mixer):
         self.rpe = PiecewiseLinearEncoder(dim, knots, self.gain)
         bound = self.filter_size**-0.5 / self.gain  # taps = gain * parameters, uniform in +-1/sqrt(m) at init
         self.band = nn.Parameter(torch.empty(dim, self.filter_size).uniform_(-bound, bound))
-        self._weights = _LengthCache(self._sparse_weights)
-        self._dense = _LengthCache(self._dense_weights)
-        self._basis_spectra = _LengthCache(self._causal_basis_spectrum)
-        self._cache = SpectrumCache()
+        self._by_length = Cache(size=24)  # parameter-free: interpolation weights and basis spectra by length
+        self._cache = Cache()
 
     def extra_repr(self) -> str:
         return (
             f"{super().extra_repr()}, filter_size={self.filter_size}, rank={self.rank}, decay={self.decay}, "
             f"interpolation={self.interpolation}, path={self.path}, max_spacing={self.max_spacing}"
         )
+
+    def _for_length(self, build, n: int, device, dtype: torch.dtype):
+        """``build(n, device, dtype)`` (parameter-free), kept per length, device and dtype."""
+        return self._by_length.get((build.__name__, n, str(device), dtype), lambda: build(n, device, dtype))
 
     def _sparse_weights(self, n: int, device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         index, weight = ski_weights(n, self.inducing_count(n), self.degree, device)
@@ -193,7 +180,7 @@ class SkiTno(ToeplitzStreaming, Mixer):
         if self.causal:
             return naive_toeplitz_matrix(self.smooth_kernel(relative_lags(n, True, self.band.device))[:, channels], n, causal=True)
         blocks = toeplitz_blocks(self.inducing_kernel(n)[:, channels])
-        return naive_ski_matrix(self._dense(n, self.band.device, self.band.dtype), blocks)
+        return naive_ski_matrix(self._for_length(self._dense_weights, n, self.band.device, self.band.dtype), blocks)
 
     def matrix(self, n: int) -> torch.Tensor:
         return self.sparse_matrix(n) + self.low_rank_matrix(n)
@@ -207,13 +194,13 @@ class SkiTno(ToeplitzStreaming, Mixer):
     def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         n = x.shape[1]
         if self.causal:
-            basis_spectrum = self._basis_spectra(n, x.device, self.band.dtype)
-            return self._cache.factored_matvec(self, x, n, fast_fft_size(2 * n), lambda: (basis_spectrum, self._causal_values()))
+            basis_spectrum = self._for_length(self._causal_basis_spectrum, n, x.device, self.band.dtype)
+            return cached_or_factored_matvec(self._cache, self, x, n, fast_fft_size(2 * n), lambda: (basis_spectrum, self._causal_values()))
         kernel = self.inducing_kernel(n)
         if self.uses_sparse_path(n) and self.degree == 1:
             low_rank = ski_linear_matvec(x, kernel)
         elif self.uses_sparse_path(n):
-            low_rank = ski_sparse_matvec(x, *self._weights(n, x.device, self.band.dtype), kernel)
+            low_rank = ski_sparse_matvec(x, *self._for_length(self._sparse_weights, n, x.device, self.band.dtype), kernel)
         else:
-            low_rank = ski_dense_matvec(x, self._dense(n, x.device, self.band.dtype), kernel)
+            low_rank = ski_dense_matvec(x, self._for_length(self._dense_weights, n, x.device, self.band.dtype), kernel)
         return low_rank + band_matvec(x, self.taps, self.min_lag)

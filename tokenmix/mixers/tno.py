@@ -21,6 +21,7 @@ from torch import nn
 from ..ops.fft import fast_fft_size
 from ..ops.toeplitz import complex_readout, factored_spectral_matvec, spectral_matvec, toeplitz_spectrum
 from .base import PADDING_SIDES, Mixer, ToeplitzOperator
+from .cache import Cache
 from .registry import register_mixer
 from .rpe import RelativePositionEncoder
 from .toeplitz_stream import ToeplitzStreaming
@@ -56,29 +57,13 @@ class ExponentialDecay(nn.Module):
         return f"decay={self.floor}, learnable={self.logit is not None}"
 
 
-class SpectrumCache:
-    """Holds a spectrum computed without autograd, keyed by length and parameter versions."""
-
-    def __init__(self):
-        self.key = None
-        self.value = None
-
-    def get(self, module: nn.Module, n: int, compute):
-        if module.training or torch.is_grad_enabled():
-            self.key = self.value = None
-            return compute()
-        key = (n, tuple((p.data_ptr(), p._version) for p in module.parameters()))
-        if key != self.key:
-            self.key, self.value = key, compute()
-        return self.value
-
-    def factored_matvec(self, module: nn.Module, x: torch.Tensor, n: int, fft_size: int, factors) -> torch.Tensor:
-        """T x for the spectrum readout^T @ basis, ``factors() -> (basis, readout)``: in eval mode without
-        autograd the whole spectrum, cached; otherwise the fused factored product (no (d, F) spectrum gradient)."""
-        if module.training or torch.is_grad_enabled():
-            self.key = self.value = None
-            return factored_spectral_matvec(x, *factors(), fft_size)
-        return spectral_matvec(x, self.get(module, n, lambda: complex_readout(*factors())), fft_size)
+def cached_or_factored_matvec(cache: Cache, module: nn.Module, x: torch.Tensor, n: int, fft_size: int, factors) -> torch.Tensor:
+    """T x for the spectrum readout^T @ basis, ``factors() -> (basis, readout)``: under autograd the fused
+    factored product (no (d, F) spectrum or its gradient is formed); otherwise the whole spectrum, cached."""
+    if torch.is_grad_enabled():
+        cache.clear()
+        return factored_spectral_matvec(x, *factors(), fft_size)
+    return spectral_matvec(x, cache.get(n, lambda: complex_readout(*factors()), weights=module), fft_size)
 
 
 @register_mixer("tno")
@@ -106,7 +91,7 @@ class Tno(ToeplitzStreaming, ToeplitzOperator, Mixer):
         self.factored = factored
         self.rpe = RelativePositionEncoder(dim, rpe_dim, rpe_layers, activation)
         self.decay = ExponentialDecay(decay, learnable_decay)
-        self._cache = SpectrumCache()
+        self._cache = Cache()
 
     def kernel(self, n: int) -> torch.Tensor:
         """Explicit t_k by lag: (n, dim) causal or (2n - 1, dim) bidirectional."""
@@ -131,5 +116,5 @@ class Tno(ToeplitzStreaming, ToeplitzOperator, Mixer):
         n = x.shape[1]
         fft_size = fast_fft_size(2 * n)
         if self.factored:
-            return self._cache.factored_matvec(self, x, n, fft_size, lambda: self.spectrum_factors(n, fft_size))
-        return spectral_matvec(x, self._cache.get(self, n, lambda: self.spectrum(n, fft_size)), fft_size)
+            return cached_or_factored_matvec(self._cache, self, x, n, fft_size, lambda: self.spectrum_factors(n, fft_size))
+        return spectral_matvec(x, self._cache.get(n, lambda: self.spectrum(n, fft_size), weights=self), fft_size)

@@ -30,9 +30,10 @@ from ..ops.toeplitz import complex_readout
 from ..ops.toeplitz2d import fft_grid, naive_toeplitz2d_matrix, near_square_grid, spectral_matvec2d, toeplitz2d_spectrum
 from ..options import merge_options
 from .base import Mixer
+from .cache import Cache
 from .registry import build_mixer, list_mixers, mixer_class, register_mixer
 from .rpe import RelativePositionEncoder
-from .tno import ExponentialDecay, SpectrumCache, relative_lags
+from .tno import ExponentialDecay, relative_lags
 
 
 def check_grid(grid) -> list[int] | None:
@@ -124,7 +125,7 @@ class Tno2d(GridMixer):
         super().__init__(dim, causal, grid)
         self.rpe = RelativePositionEncoder(dim, rpe_dim, rpe_layers, activation, in_features=2)
         self.decay = ExponentialDecay(decay, learnable_decay)
-        self._cache = SpectrumCache()
+        self._cache = Cache()
 
     def offsets(self, grid: tuple[int, int]) -> torch.Tensor:
         """(2H - 1, 2W - 1, 2): the offsets (di, dj) by row and column of the kernel layout, as float."""
@@ -147,7 +148,7 @@ class Tno2d(GridMixer):
 
     def mix_grid(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         fft_shape = fft_grid(grid)
-        spectrum = self._cache.get(self, grid, lambda: self.spectrum(grid, fft_shape))
+        spectrum = self._cache.get(grid, lambda: self.spectrum(grid, fft_shape), weights=self)
         return spectral_matvec2d(x, spectrum, grid, fft_shape)
 
     def operator_matrix(self, grid: tuple[int, int], channels: slice = slice(None)) -> torch.Tensor:

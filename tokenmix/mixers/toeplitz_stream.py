@@ -23,6 +23,7 @@ from ..ops.fft import spectral_dtype
 from ..ops.online_toeplitz import OnlineToeplitzState, TileKernels, empty_state, online_step, prefill_state, required_lags
 from ..ops.toeplitz import toeplitz_matvec
 from ..state import StreamState
+from .cache import Cache
 
 PARALLEL_CHUNK = 32  # chunks this long (or a stream's first) take the parallel path: its O(t log t) beats k online steps
 DEFAULT_HORIZON = 1024
@@ -54,25 +55,22 @@ class ToeplitzStreaming:
         return ToeplitzStreamState(empty_state(batch_size, self.dim, device=device, dtype=dtype), max_length or DEFAULT_HORIZON)
 
     def _tile_kernels(self, lags: int, horizon: int, device, dtype: torch.dtype) -> TileKernels:
-        """Taps for at least ``lags`` lags, cached (by power of two) while the weights and horizon stay."""
+        """Taps for at least ``lags`` lags, cached (by power of two) while the weights and horizon stay
+        (a mixin without ``__init__``: the cache is made on first use)."""
         capacity = 64
         while capacity < lags:
             capacity *= 2
         if self.taps_depend_on_length:
             capacity = max(lags, min(capacity, 2 * horizon))
-        if torch.is_grad_enabled():
-            return TileKernels(self.stream_taps(capacity, horizon).to(device, dtype))
-        key = (
-            horizon if self.taps_depend_on_length else None,
-            str(device),
-            dtype,
-            tuple((p.data_ptr(), p._version) for p in self.parameters()),
+        key = (horizon if self.taps_depend_on_length else None, str(device), dtype)
+        if "_stream_kernels" not in self.__dict__:
+            self.__dict__["_stream_kernels"] = Cache()
+        return self.__dict__["_stream_kernels"].get(
+            key,
+            lambda: TileKernels(self.stream_taps(capacity, horizon).to(device, dtype)),
+            weights=self,
+            usable=lambda kernels: len(kernels) >= lags,
         )
-        cached = self.__dict__.get("_stream_kernels")
-        if cached is None or cached[0] != key or len(cached[1]) < lags:
-            cached = (key, TileKernels(self.stream_taps(capacity, horizon).to(device, dtype)))
-            self.__dict__["_stream_kernels"] = cached
-        return cached[1]
 
     def step_chunk(self, x: torch.Tensor, state: ToeplitzStreamState, mask) -> tuple[torch.Tensor, ToeplitzStreamState]:
         online, horizon = state.online, state.horizon
