@@ -8,7 +8,8 @@ import torch
 from conftest import usage_error
 
 import tokenmix
-from tokenmix.cli import build_parser, main, printable
+from tokenmix.cli import build_parser, main
+from tokenmix.cli.common import printable
 from tokenmix.mixers.registry import list_mixers
 from tokenmix.models.registry import list_models
 

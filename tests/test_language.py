@@ -10,7 +10,8 @@ import torch
 from glue_fixture import BAD, GOOD, write_glue
 
 import tokenmix
-from tokenmix.cli import TextStream, main
+from tokenmix.cli import main
+from tokenmix.cli.generate import TextStream
 from tokenmix.data.sources import load_data
 from tokenmix.data.tokenizer import byte_tokenizer, train_bpe
 from tokenmix.generation import StopRule, naive_generate

@@ -3,7 +3,9 @@
 import pytest
 import torch
 
-from tokenmix.cli import main, recipe_flags, train_config_from_args
+from tokenmix.cli import main
+from tokenmix.cli.recipes import recipe_flags
+from tokenmix.cli.train import train_config_from_args
 from tokenmix.data.examples import ClassificationData, Examples
 from tokenmix.data.sources import source_kind
 from tokenmix.models.model import SequenceModel

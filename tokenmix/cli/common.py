@@ -1,0 +1,53 @@
+"""What the commands share: their threads and device flags, argument kinds, the one-line-error parser, text a terminal shows."""
+
+from __future__ import annotations
+
+import argparse
+import unicodedata
+
+from ..fields import Existing, Integer, KeyValue
+from ..runtime import set_threads
+from ..train.config import DEVICE, TrainConfig
+
+DEMO_PROMPT = "ROMEO.\n"
+
+
+INTERRUPTED_STATUS = 130
+
+
+THREADS = Integer(1)
+
+
+DEVICE_HELP = TrainConfig.__dataclass_fields__["device"].metadata["help"]
+
+
+RUN = Existing("a checkpoint.pt or its run directory")
+
+
+OPTION = KeyValue("KEY=VALUE")
+
+
+def add_threads_and_device(parser, device_default: str = "cpu") -> None:
+    parser.add_argument("--threads", type=THREADS, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--device", type=DEVICE, default=device_default, help=f"{DEVICE_HELP} (default: {device_default})")
+
+
+def use_threads(args) -> None:
+    if args.threads:
+        set_threads(args.threads)
+
+
+def printable(data: bytes) -> str:
+    """Decoded text with control characters other than newline and tab shown as escapes (\\x1b, ...)."""
+    return escaped(data.decode("utf-8", errors="replace"))
+
+
+def escaped(text: str) -> str:
+    return "".join(f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" and c not in "\n\t" else c for c in text)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors in one line: the problem and where the help is, without the usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
