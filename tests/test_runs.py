@@ -13,8 +13,8 @@ from conftest import usage_error
 from tokenmix.cli import main
 from tokenmix.train import TrainConfig, Trainer, load_checkpoint
 from tokenmix.train.config import parse_interval
-from tokenmix.train.loop import TrainingDiverged
 from tokenmix.train.runs import read_metrics
+from tokenmix.train.stopping import TrainingDiverged
 
 
 def tiny(text_file, out, **overrides) -> TrainConfig:

@@ -12,8 +12,9 @@ from ..generation import generate
 from ..train.checkpoint import load_checkpoint, resolve_checkpoint, train_config_of
 from ..train.config import TrainConfig
 from ..train.evaluate import describe
-from ..train.loop import Trainer, TrainingDiverged, TrainingInterrupted
+from ..train.loop import Trainer
 from ..train.recipes import apply_recipe
+from ..train.stopping import TrainingDiverged, TrainingInterrupted
 from .common import DEMO_PROMPT, INTERRUPTED_STATUS, OPTION, printable
 
 

@@ -9,46 +9,37 @@ Nothing trained is lost: a checkpoint is written every ``save_every`` (steps, or
 time), when training ends, and on SIGINT (Ctrl-C) or SIGTERM, after which the run stops with
 ``TrainingInterrupted``. A non-finite loss stops the run with ``TrainingDiverged`` and leaves the
 last good checkpoint in place. Run directories follow ``runs.py``: never two runs in one.
+The run's settings are ``config.py``'s, its checkpoint and resume ``checkpointing.py``'s, how it
+stops early ``stopping.py``'s.
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import math
-import signal
-import threading
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from ..data.batches import StreamBatches, step_generator, step_seed
-from ..data.provenance import data_changes, record_reads
+from ..data.provenance import record_reads
 from ..data.sources import DataSource, load_data
 from ..data.tokenizer import TOKENIZER_FILE, Tokenizer
 from ..devices import resolve_device
 from ..models.model import ModelState, SequenceModel
-from ..models.pretrained import load_weights
 from ..models.saving import save_pretrained
 from ..progress import progress_bar
 from ..runtime import set_threads
 from ..validation import set_finite_checks
 from .checkpoint import (
     CHECKPOINT_FILE,
-    check_resumable,
     check_tokenizer_beside,
     checkpoint_tokenizer,
-    load_checkpoint,
-    load_optimizer_state,
     model_config_of,
-    restore_rng_state,
-    rng_state,
-    save_checkpoint,
-    segment_state_of,
-    train_config_of,
 )
+from .checkpointing import CheckpointedRun, check_world_size
 from .config import DEFAULT_WARMUP, TrainConfig, parse_interval
 from .distributed import DistributedContext, init_distributed
 from .evaluate import EVAL_BATCH, describe
@@ -56,58 +47,14 @@ from .finetune import Pretrained, load_initial_weights, read_pretrained
 from .memory import GB, check_memory_fits, describe_memory, estimate_training_memory, peak_memory
 from .objectives import check_task, objective_for
 from .optim import build_optimizer
-from .runs import METRICS_FILE, MODEL_DIRECTORY, check_directory, claim_directory, clean_stale, resume_changes, truncate_metrics
+from .runs import METRICS_FILE, MODEL_DIRECTORY, append_metrics, check_directory, claim_directory, clean_stale, truncate_metrics
 from .schedule import lr_multiplier
+from .stopping import StopSignals, TrainingDiverged, TrainingInterrupted
 
 CALIBRATION_STEPS = 5
 
 
-class TrainingInterrupted(Exception):
-    """SIGINT or SIGTERM stopped training after a checkpoint was saved."""
-
-
-class TrainingDiverged(Exception):
-    """The loss became NaN or Inf; the last good checkpoint is kept."""
-
-
-def _check_world_size(checkpoint: dict, world_size: int, path: Path) -> None:
-    written_by = len(checkpoint.get("segment_states") or [None] * world_size)
-    if written_by != world_size:
-        raise ValueError(f"--resume: checkpoint {str(path)!r} was written by {written_by} processes; resume with as many")
-
-
-def _to_device(state: ModelState | None, device) -> ModelState | None:
-    return None if state is None else state.to(device)
-
-
-class StopSignals:
-    """Turns SIGINT / SIGTERM into a request to stop after the current step (main thread only).
-
-    A second signal restores the default behaviour, so pressing Ctrl-C twice quits at once.
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self):
-        self.received: str | None = None
-        self.previous = {}
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            self.previous = {number: signal.signal(number, self._handle) for number in self.SIGNALS}
-        return self
-
-    def _handle(self, number, frame):  # only a flag: writing here could cut into a write of the progress bar
-        self.received = signal.Signals(number).name
-        for restored, handler in self.previous.items():
-            signal.signal(restored, handler)
-
-    def __exit__(self, *exc):
-        for number, handler in self.previous.items():
-            signal.signal(number, handler)
-
-
-class Trainer:
+class Trainer(CheckpointedRun):
     """Owns one run: model, optimizer, schedule, data and the run directory.
 
     ``resume=True`` continues the run in ``config.out`` from its checkpoint; ``config`` must then
@@ -174,7 +121,7 @@ class Trainer:
             check_directory(self.out, overwrite)  # on every rank, before any of them waits for the others
         self.context: DistributedContext = init_distributed(self.device)
         if checkpoint is not None:
-            _check_world_size(checkpoint, self.context.world_size, self.out / CHECKPOINT_FILE)
+            check_world_size(checkpoint, self.context.world_size, self.out / CHECKPOINT_FILE)
         self.model.to(self.device)
         self.memory = estimate_training_memory(self.model, self._probe_loss, config.batch_size, self.device)
         if memory_check:
@@ -233,107 +180,10 @@ class Trainer:
         total = self.total_steps or max(step + 1, self.warmup_steps + 1)
         return lr_multiplier(step, total, self.warmup_steps, self.config.schedule, self.config.min_lr_ratio)
 
-    # state ----------------------------------------------------------------------------------
-    def state(self) -> dict:
-        return {
-            "model_config": self.model.config.to_dict(),
-            "train_config": asdict(self.config),
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "step": self.step,
-            "total_steps": self.total_steps,
-            "train_seconds": self.train_seconds,
-            "resumes": self.resumes,
-            "rng": rng_state(),
-            "tokenizer": None if self.tokenizer is None else self.tokenizer.to_json(),
-            "data_files": self.data_files,
-        }
-
-    def _load_checkpoint(self) -> dict:
-        path = self.out / CHECKPOINT_FILE
-        if not path.is_file():
-            raise ValueError(f"--resume: no checkpoint at {str(path)!r}")
-        state = load_checkpoint(path)
-        check_resumable(state, path)
-        return state
-
-    def _check_resume(self, state: dict) -> dict:
-        """The checkpoint ``state`` with the settings this resume changes (ValueError for refused ones)."""
-        saved = asdict(train_config_of(state, self.out / CHECKPOINT_FILE))  # settings added since it was written read as their defaults
-        requested = asdict(self.config)
-        saved_options = saved["options"]
-        if self._resolved_options(saved_options) == self._resolved_options(self.config.options):
-            self.config = replace(self.config, options=saved_options)  # the same model, kept as the run spelled it
-            requested["options"] = saved_options
-        changes = resume_changes(saved, requested, state["step"])
-        finished = state["total_steps"] is not None and state["step"] >= state["total_steps"]
-        model_written = (self.out / MODEL_DIRECTORY / "config.json").is_file()  # absent: stopped before its final evaluation
-        if finished and model_written and not {"steps", "minutes"} & set(changes):
-            raise ValueError(
-                f"--resume: the run in {str(self.out)!r} already finished at step {state['step']}; "
-                f"give --steps > {state['step']} (or a longer --minutes) to train further"
-            )
-        state["changes"] = changes
-        self._check_data_files(state)
-        return state
-
-    def _check_data_files(self, state: dict) -> None:
-        """ValueError naming every data file that differs from the checkpoint's record of it (size, SHA-256),
-        unless ``allow_data_change``; the change is then noted in the run's resume history."""
-        saved = state.get("data_files")
-        changes = [] if saved is None else data_changes(saved, self.data_files)  # None: written before files were recorded
-        if changes and not self.allow_data_change:
-            raise ValueError(
-                f"--resume: the data of {self.config.data!r} changed since the checkpoint ({'; '.join(changes[:5])}"
-                f"{'; ...' if len(changes) > 5 else ''}): the run would go on with other data. Restore the files, or pass "
-                "--allow-data-change to continue on the new data"
-            )
-        if changes:
-            state["changes"]["data_files"] = changes
-
-    def _resolved_options(self, options: dict) -> dict | None:
-        """Every model option the run's settings with these ``options`` resolve to (None if they resolve to no model)."""
-        try:
-            return replace(self.config, options=options).model_config(self._model_fields()).options
-        except ValueError:
-            return None
-
-    def _resume(self, state: dict) -> None:
-        path = self.out / CHECKPOINT_FILE
-        load_weights(self.model, state["model"], f"checkpoint {str(path)!r}")
-        load_optimizer_state(self.optimizer, self.scheduler, state, path)
-        self.step, self.total_steps = state["step"], state["total_steps"]
-        self.train_seconds = state.get("train_seconds", 0.0)
-        self.resumes = list(state.get("resumes", []))
-        changes = state["changes"]
-        if "steps" in changes or "minutes" in changes:
-            self.total_steps = self.config.steps if self.config.steps is not None else self._steps_in_budget()
-            for group, base_lr in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
-                group["lr"] = base_lr * self._multiplier(self.step)  # the schedule of the new run length, from this step on
-        restore_rng_state(state["rng"], path)
-        segment_states = state.get("segment_states") or [None] * self.context.world_size
-        segment_state = segment_state_of(segment_states[self.context.rank], self.model, self.config.batch_size, path, self.context.rank)
-        self.segment_state = _to_device(segment_state, self.device)
-        if changes:
-            self.resumes.append({"step": self.step, "changed": changes})
-        self.log({"step": self.step, "event": "resume", "changed": changes})
-
-    def save(self) -> None:
-        """Write the checkpoint (all ranks take part); refuses to replace a good one with non-finite weights."""
-        if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
-            raise TrainingDiverged(
-                f"the weights became non-finite at step {self.step}; the last good checkpoint in {str(self.out)!r} is kept"
-            )
-        segment_states = self.context.gather_objects(None if self.segment_state is None else self.segment_state.to("cpu").to_plain())
-        if self.context.is_main:
-            save_checkpoint(self.out / CHECKPOINT_FILE, {**self.state(), "segment_states": segment_states})
-
     def log(self, record: dict) -> None:
+        """A record in the run's metrics (the main process writes them)."""
         if self.context.is_main:
-            self.out.mkdir(parents=True, exist_ok=True)
-            with open(self.out / METRICS_FILE, "a") as handle:
-                handle.write(json.dumps(record) + "\n")
+            append_metrics(self.out, record)
 
     # steps ----------------------------------------------------------------------------------
     def batch(self, step: int):

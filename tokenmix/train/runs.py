@@ -113,6 +113,13 @@ def training_cost(run: Path) -> dict:
     return {key: value for key, value in cost.items() if isinstance(value, (int, float)) and not isinstance(value, bool)}
 
 
+def append_metrics(out: Path, record: dict) -> None:
+    """One record (a JSON line) at the end of the run's ``metrics.jsonl``."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / METRICS_FILE, "a") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
 def truncate_metrics(path: Path, step: int) -> int:
     """Keep the records of steps <= ``step`` (the checkpoint's), without the old final record; returns how many went.
 
