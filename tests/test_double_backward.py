@@ -20,6 +20,7 @@ from torch.autograd.functional import hessian, hvp
 from torch.func import functional_call
 
 import tokenmix
+from tokenmix.mixers.registry import mixer_class
 from tokenmix.ops.band import band_matvec, naive_band_matvec
 from tokenmix.ops.fft import fast_fft_size
 from tokenmix.ops.ski import (
@@ -52,7 +53,7 @@ def _double_backward(request):
 
 
 CHANNELS = 3
-TOEPLITZ_MIXERS = [(name, causal) for name, causal in MODES if name in ("tno", "fd_tno", "ski_tno")]
+TOEPLITZ_MIXERS = [(name, causal) for name, causal in MODES if mixer_class(name).toeplitz_streaming]  # products by their taps
 
 
 def randn(*shape, dtype=torch.float64, requires_grad=True):
