@@ -249,3 +249,4 @@ def test_an_export_from_before_xl_models_recorded_their_segment_still_streams_in
     del config["tokenmix"]["options"]["segment_length"]
     (tmp_path / "config.json").write_text(json.dumps({**config, "segment_length": SEGMENT}))
     assert AutoModelForCausalLM.from_pretrained(tmp_path).tokenmix.config.options["segment_length"] == SEGMENT
+    assert tokenmix.from_pretrained(tmp_path).config.options["segment_length"] == SEGMENT

@@ -167,3 +167,21 @@ def test_a_run_records_its_segment_and_older_configs_get_their_runs():
     assert with_segment_length(ModelConfig.from_dict(saved), saved, 24).options["segment_length"] == 24
     tnn = ModelConfig("tnn", "lm", vocab_size=30, dim=16, depth=2).to_dict()
     assert "segment_length" not in with_segment_length(ModelConfig.from_dict(tnn), tnn, 24).options
+
+
+def test_evaluation_reads_segments_of_its_length_whatever_segment_the_model_was_built_with():
+    """``evaluate_lm`` at length L reads the streams in segments of L, memory carried (as before XL models
+    recorded a segment): a model built without one, or with another, gives what one with L gives."""
+    from tokenmix.train.evaluate import evaluate_lm
+
+    data = torch.randint(0, 30, (200,))
+    built_with = {segment: xl("transformer_xl", memory_length=8, segment_length=segment) for segment in (None, 8, 16)}
+    for model in built_with.values():
+        model.load_state_dict(built_with[16].state_dict())
+    losses = {segment: evaluate_lm(model, data, 16, batch_size=2)["loss"] for segment, model in built_with.items()}
+    assert losses[None] == losses[8] == losses[16]
+    assert evaluate_lm(built_with[16], data, 8, batch_size=2)["loss"] != losses[16]  # the length is the segment
+    copy = built_with[16].with_options(segment_length=8)
+    assert copy.config.options["segment_length"] == 8 and built_with[16].config.options["segment_length"] == 16
+    tokens = torch.randint(0, 30, (2, 12))
+    torch.testing.assert_close(copy(tokens), built_with[16](tokens))

@@ -80,7 +80,7 @@ def add_bench(subparsers) -> None:
         default=None,
         help="any of mixer,layer,model,generate (default: mixer,layer,model; --quick: mixer,model); generate: decoding by every "
         "causal LM model (depth 4, batch 1) at positions --lengths, cached step against recompute, and by every mixer "
-        "that streams by its Toeplitz taps, token by token, tiled against the direct product",
+        "that streams by its Toeplitz taps (tno, ski_tno, fd_tno; --mixers narrows them), token by token, tiled against the direct product",
     )
     parser.add_argument(
         "--lengths",

@@ -83,7 +83,8 @@ class Mixer(Configurable, nn.Module):
     channelwise_linear = False
     """Each channel's outputs are a fixed linear map of that channel's inputs: a (dim, n, n) operator."""
     bounded_state = False
-    """Streaming: the state keeps one size at every position (a window, a chunk, a recurrence) instead of growing."""
+    """Streaming: the state keeps one size at every position (a window, a chunk, a recurrence) instead of
+    growing. Read it on an instance: options may decide it (``attention`` with a ``chunk_size``)."""
     toeplitz_streaming = False
     """Streams by the online product with its taps ``kernel(n)``: decoding can be checked against the direct product."""
 

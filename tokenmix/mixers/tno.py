@@ -10,7 +10,7 @@ columns are transformed and the gradient of W is a matmul, not a d-channel FFT.
 ``factored=False`` runs the paper's own algorithm instead (the RPE at every lag for all d channels,
 then a d-channel kernel FFT): the same operator, kept as the baseline that FD-TNO's speed claims
 (Moreno et al. 2023) are made against.
-In eval mode without autograd the spectrum is cached until the weights or the length change.
+Without autograd the spectrum is cached until the weights or the length change (``mixers.cache``).
 """
 
 from __future__ import annotations

@@ -175,6 +175,15 @@ class SequenceModel(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    def with_options(self, **changes) -> SequenceModel:
+        """A copy with these weights under the options changed (an XL model's ``segment_length``), on the
+        same device and dtype, in eval mode."""
+        config = ModelConfig.from_dict({**self.config.to_dict(), "options": {**self.config.options, **changes}})
+        parameter = next(self.parameters())
+        copy = SequenceModel(config).to(parameter.device, parameter.dtype).eval()
+        copy.load_state_dict(self.state_dict())
+        return copy
+
     def save_pretrained(self, directory) -> None:
         """``config.json`` and ``model.safetensors`` in ``directory`` (``models.saving``)."""
         save_pretrained(self, directory)

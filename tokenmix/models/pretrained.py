@@ -16,7 +16,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from ..devices import resolve_device
-from .config import ModelConfig
+from .config import ModelConfig, with_segment_length
 from .model import SequenceModel
 from .saving import CONFIG_FILE, WEIGHTS_FILE
 
@@ -85,6 +85,8 @@ def read_saved(directory) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         config = ModelConfig.from_dict(data[HF_MODEL_TYPE] if transformers_layout else data)
     except (ValueError, KeyError) as error:
         raise ValueError(f"{str(directory / CONFIG_FILE)!r}: not a valid tokenmix model config: {error}") from None
+    if transformers_layout:  # an export from before XL models recorded their segment kept it beside their config
+        config = with_segment_length(config, data[HF_MODEL_TYPE], data.get("segment_length"))
     weights = read_weights(directory / WEIGHTS_FILE)
     if transformers_layout:
         weights = {key.removeprefix(HF_MODEL_TYPE + "."): value for key, value in weights.items()}

@@ -62,13 +62,10 @@ def _evaluate(
 
 @torch.no_grad()
 def _evaluate_streams(model, data: torch.Tensor, length: int, batch_size: int, byte_lengths: torch.Tensor | None) -> dict:
-    """Next-token loss over contiguous streams read in windows of ``length``, state carried: segments
-    of the model's ``segment_length``, the memory of the earlier ones."""
-    if model.config.options.get("segment_length") is None:
-        raise ValueError(
-            f"evaluating {model.config.name!r} needs its segment_length (the segment it was trained with): "
-            "build it with segment_length=S (tokenmix train records --seq-len)"
-        )
+    """Next-token loss over contiguous streams read in segments of ``length``, memory carried (the
+    model's weights with ``segment_length=length``: a run's own length is its segment)."""
+    if model.config.options.get("segment_length") != length:
+        model = model.with_options(segment_length=length)
     rows = max(1, min(batch_size, (data.numel() - 1) // length))
     stream_length = (data.numel() - 1) // rows
     table = data[torch.arange(rows)[:, None] * stream_length + torch.arange(stream_length + 1)[None, :]].long()
