@@ -99,13 +99,16 @@ def _visible_keys(key_mask, batch: int, n: int, size: int, pad: int, causal: boo
 def _attend(q, k, v, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
     """PyTorch's attention at scale e^-1/2; the math kernel inside ``double_backward()``, the one
     differentiable twice. The fused kernels need one head width for queries, keys and values, else
-    PyTorch falls back to materialising every score (MEGA: z-wide queries, 2z-wide values; 8 GB per
-    step on Path-X): the narrower side is zero-padded, which changes neither q.k nor the output."""
+    PyTorch keeps every score for backward (MEGA: z-wide queries, 2z-wide values; 8 GB per step on
+    Path-X). Where those scores would pass ``MAX_SCORES`` the narrower side is zero-padded, which
+    changes neither q.k nor the output but costs up to (value width / key width) times the q.k work:
+    short blocks (MEGA's chunks of 128) stay on the faster math kernel."""
     key_width, value_width = q.shape[-1], v.shape[-1]
-    if key_width < value_width:
-        q, k = (F.pad(t, (0, value_width - key_width)) for t in (q, k))
-    elif value_width < key_width:
-        v = F.pad(v, (0, key_width - value_width))
+    if key_width != value_width and q.shape[0] * q.shape[1] * q.shape[-2] * k.shape[-2] > MAX_SCORES:
+        if key_width < value_width:
+            q, k = (F.pad(t, (0, value_width - key_width)) for t in (q, k))
+        else:
+            v = F.pad(v, (0, key_width - value_width))
     with sdpa_kernel(SDPBackend.MATH) if double_backward_enabled() else contextlib.nullcontext():
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=key_width**-0.5)
     return out[..., :value_width]
