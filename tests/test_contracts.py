@@ -14,6 +14,7 @@ from conftest import LENGTHS, assert_causal_gradient, relative_error
 
 import tokenmix
 from tokenmix.blocks.mega import sequence_mixers
+from tokenmix.mixers.base import SEQUENCE_SPLITS
 from tokenmix.mixers.registry import mixer_class, resolve_mixer_options
 from tokenmix.models.config import POOLS
 from tokenmix.models.registry import model_spec, resolve_model_options
@@ -332,6 +333,58 @@ def test_a_channelwise_linear_mixer_is_linear_in_each_channel_alone(name, causal
         others = x.clone()
         others[..., 1:] = y[..., 1:]
         torch.testing.assert_close(layer(others)[..., 0], layer(x)[..., 0], rtol=1e-12, atol=1e-12)
+
+
+REACH_OPTIONS = {"fnet_ar": {"window": 8}, "chunked_attention": {"chunk_size": 8}}  # reaches shorter than the test sequence
+
+
+@pytest.mark.parametrize(("name", "causal"), MODES)
+def test_reach_is_exactly_as_far_as_outputs_depend(name, causal):
+    """``reach`` (behind, ahead) bounds which inputs an output depends on, and some output uses both
+    ends of it; a mixer without a finite reach lets the first token reach the last."""
+    layer = mixer(name, causal, **REACH_OPTIONS.get(name, {})).double()
+    n = 40
+    x = torch.randn(1, n, DIM, dtype=torch.float64, requires_grad=True)
+    y = layer(x)
+    behind = ahead = 0
+    for i in range(n):
+        (grad,) = torch.autograd.grad(y[0, i].sum(), x, retain_graph=True)
+        strength = grad[0].abs().sum(-1)
+        seen = (strength > 1e-12 * strength.max()).nonzero().flatten()
+        behind, ahead = max(behind, i - int(seen.min())), max(ahead, int(seen.max()) - i)
+    assert (behind, ahead) == (layer.reach or (n - 1, 0 if causal else n - 1))
+
+
+@pytest.mark.parametrize(("name", "causal"), MODES)
+def test_channel_independence_is_declared_exactly(name, causal):
+    """``channel_independent`` is true exactly when a channel's outputs ignore the other channels."""
+    layer = mixer(name, causal).double()
+    x, y = (torch.randn(2, 36, DIM, dtype=torch.float64) for _ in range(2))
+    others = x.clone()
+    others[..., 1:] = y[..., 1:]
+    with torch.no_grad():
+        alone = torch.allclose(layer(others)[..., 0], layer(x)[..., 0], rtol=1e-12, atol=1e-12)
+    assert alone == layer.channel_independent and (layer.channel_independent or not layer.channelwise_linear)
+
+
+@pytest.mark.parametrize(("name", "causal"), MODES)
+def test_sequence_split_rests_on_what_the_mixer_declares(name, causal):
+    """A halo needs a finite reach, a channel split independent channels, a head split heads that divide the width."""
+    layer = mixer(name, causal, **REACH_OPTIONS.get(name, {}))
+    split = layer.sequence_split
+    assert split is None or split in SEQUENCE_SPLITS
+    assert (split == "halo") == (layer.reach is not None)
+    assert split != "channels" or layer.channel_independent
+    assert split != "heads" or (isinstance(layer.heads, int) and layer.dim % layer.heads == 0)
+
+
+@pytest.mark.parametrize("name", [name for name in tokenmix.list_mixers() if mixer_class(name).mixes_context])
+def test_mixing_with_a_context_continues_the_sequence(name):
+    """``mix_context(x, [before; x], real, start)`` gives the outputs at x of one forward over [before; x]."""
+    layer = mixer(name, True, **REACH_OPTIONS.get(name, {})).double()
+    sequence = torch.randn(2, 30, DIM, dtype=torch.float64)
+    real = torch.ones(2, 30, dtype=torch.bool)
+    torch.testing.assert_close(layer.mix_context(sequence[:, 17:], sequence, real, 17), layer(sequence)[:, 17:])
 
 
 @pytest.mark.parametrize("name", sequence_mixers())

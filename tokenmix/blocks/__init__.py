@@ -5,7 +5,7 @@ from .glu import Glu, Gtu
 from .mega import MegaBlock
 from .prenorm import PreNormBlock, TcncaSimpleBlock, TransformerBlock
 from .tnn import TnnBlock
-from .xl import FourierXlStack, RelativeAttention, XlBlock
+from .xl import FourierXlStack, XlBlock
 
 __all__ = [
     "Ffn",
@@ -14,7 +14,6 @@ __all__ = [
     "Gtu",
     "MegaBlock",
     "PreNormBlock",
-    "RelativeAttention",
     "TcncaSimpleBlock",
     "TnnBlock",
     "TransformerBlock",

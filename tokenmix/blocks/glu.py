@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ..mixers.base import zero_padding
-from ..mixers.registry import build_mixer, mixer_class
+from ..mixers.registry import build_mixer, mixer_class, shared_options
 from ..ops.activations import get_activation
 from ..options import Configurable, merge_options, take_options
 from ..validation import check_int
@@ -51,7 +51,7 @@ class Gtu(StreamingBlock, Configurable, nn.Module):
         self.act = get_activation(gtu_activation, "gtu_activation")
         self.gate = nn.Linear(dim, width)
         self.value = nn.Linear(dim, width)
-        self.mixer = build_mixer(mixer, width, causal, **mixer_options)
+        self.mixer = build_mixer(mixer, width, causal, **mixer_options, **shared_options(mixer, dropout=dropout))
         self.out = nn.Linear(width, dim)
         self.dropout = nn.Dropout(dropout)
 
@@ -59,8 +59,9 @@ class Gtu(StreamingBlock, Configurable, nn.Module):
     def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:
         """The GTU's options and its mixer's (chosen by ``mixer``, at width expand * dim), defaults filled in."""
         own, rest = take_options(cls.__init__, options)
-        mixer_options, unknown = mixer_class(own["mixer"]).resolve_options(rest, check_int(own["expand"], "expand") * dim)
-        return merge_options(own, mixer_options, f"the GTU with mixer {own['mixer']!r}"), unknown
+        shared = shared_options(own["mixer"], dropout=own["dropout"])
+        mixer_options, unknown = mixer_class(own["mixer"]).resolve_options({**rest, **shared}, check_int(own["expand"], "expand") * dim)
+        return merge_options(own, mixer_options, f"the GTU with mixer {own['mixer']!r}", shared=shared), unknown
 
     def stream_parts(self) -> list:
         return [self.mixer]

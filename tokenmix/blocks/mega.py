@@ -18,9 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..mixers.attention import AttentionCache, RelativePosition, cached_attention, chunk_padding_sides, empty_cache, relative_reach
+from ..mixers.attention import AttentionCore, RelativePosition, relative_reach
 from ..mixers.registry import build_mixer, list_mixers, mixer_class
-from ..ops.attention import chunked_attention
 from ..options import Configurable, merge_options, take_options
 from ..validation import check_int
 from .ffn import Ffn
@@ -63,32 +62,6 @@ def resolve_with_sequence_mixer(own: dict, rest: dict, sequence_mixer: str, dim:
     return merge_options(own, mixer_options, f"the block with sequence mixer {sequence_mixer!r}"), unknown
 
 
-class GatedAttention:
-    """The block's single-head chunked attention as a streaming part: ``part((q, k, v), mask)``
-    attends plainly, ``step((q, k, v), cache, mask)`` over the cache of the current chunk."""
-
-    def __init__(self, position: RelativePosition, chunk_size: int | None, causal: bool, key_width: int, value_width: int):
-        self.position, self.chunk_size, self.causal = position, chunk_size, causal
-        self.key_width, self.value_width = key_width, value_width
-
-    @property
-    def padding_invariant_sides(self) -> tuple[str, ...]:
-        """As the attention mixer's (``chunk_padding_sides``)."""
-        return chunk_padding_sides(self.chunk_size)
-
-    def __call__(self, qkv, mask: torch.Tensor | None) -> torch.Tensor:
-        q, k, v = qkv
-        q, k = self.position.rotate(q, k)
-        return chunked_attention(q, k, v, self.chunk_size, self.causal, mask, self.position.bias_function())
-
-    def init_state(self, batch_size: int, *, max_length: int | None = None, device=None, dtype=None) -> AttentionCache:
-        weight = self.position.table if self.position.table is not None else torch.empty(0)
-        return empty_cache(batch_size, 1, self.key_width, self.value_width, device or weight.device, dtype or weight.dtype)
-
-    def step(self, qkv, cache: AttentionCache, mask: torch.Tensor | None) -> tuple[torch.Tensor, AttentionCache]:
-        return cached_attention(*qkv, cache, self.chunk_size, self.position, mask)
-
-
 class MegaBlock(StreamingBlock, Configurable, nn.Module):
     no_weight_decay = ("qk_scale", "qk_offset")
 
@@ -126,7 +99,7 @@ class MegaBlock(StreamingBlock, Configurable, nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.ffn_norm = nn.LayerNorm(dim)
         self.ffn = Ffn(dim, ffn_expand, "silu", dropout)
-        self.attention = GatedAttention(self.position, chunk_size, causal, z_dim, self.hidden)
+        self.attention = AttentionCore(self.position, chunk_size, causal, 1, z_dim, self.hidden)  # one head
 
     @classmethod
     def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:

@@ -1,12 +1,13 @@
 """Token mixers: (batch, length, dim) -> same shape; one file per family, a name registry."""
 
-from . import attention, ema, fd_tno, fnet, ski_tno, tcn, tno, tno2d  # noqa: F401  (register the mixers)
+from . import attention, ema, fd_tno, fnet, relative_attention, ski_tno, tcn, tno, tno2d  # noqa: F401  (register the mixers)
 from .attention import Attention, ChunkedAttention, RelativePosition
 from .base import Mixer, check_sequence, zero_padding
 from .ema import Ema
 from .fd_tno import FdTno
 from .fnet import Fnet, FnetAr
 from .registry import build_mixer, list_mixers, register_mixer
+from .relative_attention import RelativeAttention
 from .rpe import PiecewiseLinearEncoder, RelativePositionEncoder
 from .ski_tno import SkiTno
 from .tcn import Tcn, dilation_for, receptive_field
@@ -22,6 +23,7 @@ __all__ = [
     "FnetAr",
     "Mixer",
     "PiecewiseLinearEncoder",
+    "RelativeAttention",
     "RelativePosition",
     "RelativePositionEncoder",
     "Separable2d",

@@ -111,6 +111,37 @@ def cached_attention(
     return torch.cat(outputs, dim=2), cache
 
 
+class AttentionCore:
+    """Softmax attention of projected heads, the part every attention mixer and MEGA's gated attention share.
+
+    ``core((q, k, v), mask)`` attends over the sequence (within chunks of ``chunk_size``, causal or
+    not); ``core.step((q, k, v), cache, mask)`` attends the next tokens over the cache. q, k are
+    (batch, heads, n, key_width), unrotated (``position`` rotates them, or adds its learned bias);
+    v is (batch, heads, n, value_width)."""
+
+    def __init__(self, position: RelativePosition, chunk_size: int | None, causal: bool, heads: int, key_width: int, value_width: int):
+        self.position, self.chunk_size, self.causal = position, chunk_size, causal
+        self.heads, self.key_width, self.value_width = heads, key_width, value_width
+
+    @property
+    def padding_invariant_sides(self) -> tuple[str, ...]:
+        """``chunk_padding_sides``."""
+        return chunk_padding_sides(self.chunk_size)
+
+    def __call__(self, qkv, mask: torch.Tensor | None) -> torch.Tensor:
+        q, k, v = qkv
+        q, k = self.position.rotate(q, k)
+        return chunked_attention(q, k, v, self.chunk_size, self.causal, mask, self.position.bias_function())
+
+    def init_state(self, batch_size: int, *, max_length: int | None = None, device=None, dtype=None) -> AttentionCache:
+        """An empty cache (``max_length`` unused: the cache grows, or empties at every chunk)."""
+        weight = self.position.table if self.position.table is not None else torch.empty(0)
+        return empty_cache(batch_size, self.heads, self.key_width, self.value_width, device or weight.device, dtype or weight.dtype)
+
+    def step(self, qkv, cache: AttentionCache, mask: torch.Tensor | None) -> tuple[torch.Tensor, AttentionCache]:
+        return cached_attention(*qkv, cache, self.chunk_size, self.position, mask)
+
+
 def chunk_padding_sides(chunk_size: int | None) -> tuple[str, ...]:
     """Full attention sees offsets only (both sides); chunks start at multiples of ``chunk_size`` from the first token (right only)."""
     return PADDING_SIDES if chunk_size is None else ("right",)
@@ -162,6 +193,8 @@ class Attention(Mixer):
         self.query_key_value = nn.Linear(dim, 3 * dim)
         self.out = nn.Linear(dim, dim)
         self.position = RelativePosition(position, relative_reach(max_distance, chunk_size))
+        width = dim // heads
+        self.core = AttentionCore(self.position, chunk_size, causal, heads, width, width)
 
     @classmethod
     def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:
@@ -175,31 +208,46 @@ class Attention(Mixer):
     @property
     def padding_invariant_sides(self) -> tuple[str, ...]:
         """Both sides for full attention, the right for chunked (``chunk_padding_sides``)."""
-        return chunk_padding_sides(self.chunk_size)
+        return self.core.padding_invariant_sides
 
     @property
     def bounded_state(self) -> bool:
         """Chunked attention keeps the current chunk; full attention every key."""
         return self.chunk_size is not None
 
-    def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    @property
+    def reach(self) -> tuple[int, int] | None:
+        """Chunked: the rest of the chunk (before, and after unless causal); full attention: unbounded."""
+        if self.chunk_size is None:
+            return None
+        return self.chunk_size - 1, 0 if self.causal else self.chunk_size - 1
+
+    @property
+    def sequence_split(self) -> str:
+        """Chunks by their halo; full attention by its heads."""
+        return "heads" if self.chunk_size is None else "halo"
+
+    def heads_of(self, x: torch.Tensor) -> torch.Tensor:
+        """(q, k, v) stacked: (3, batch, heads, n, dim / heads)."""
         batch, n, _ = x.shape
-        heads = linear_in_dtype(x, self.query_key_value).view(batch, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
-        q, k = self.position.rotate(heads[0], heads[1])
-        mixed = chunked_attention(q, k, heads[2], self.chunk_size, self.causal, mask, self.position.bias_function())
+        return linear_in_dtype(x, self.query_key_value).view(batch, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+
+    def merged(self, mixed: torch.Tensor) -> torch.Tensor:
+        """(batch, heads, n, dim / heads) -> the output projection of the heads side by side."""
+        batch, _, n, _ = mixed.shape
         return linear_in_dtype(mixed.transpose(1, 2).reshape(batch, n, self.dim), self.out)
+
+    def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return self.merged(self.core(self.heads_of(x), mask))
 
     state_type = AttentionCache
 
     def empty_state(self, batch_size: int, device, dtype: torch.dtype, max_length: int | None) -> AttentionCache:
-        width = self.dim // self.heads
-        return empty_cache(batch_size, self.heads, width, width, device, dtype)
+        return self.core.init_state(batch_size, device=device, dtype=dtype)
 
     def step_chunk(self, x: torch.Tensor, state: AttentionCache, mask) -> tuple[torch.Tensor, AttentionCache]:
-        batch, n, _ = x.shape
-        heads = linear_in_dtype(x, self.query_key_value).view(batch, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
-        mixed, cache = cached_attention(heads[0], heads[1], heads[2], state, self.chunk_size, self.position, mask)
-        return linear_in_dtype(mixed.transpose(1, 2).reshape(batch, n, self.dim), self.out), cache
+        mixed, cache = self.core.step(self.heads_of(x), state, mask)
+        return self.merged(mixed), cache
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, causal={self.causal}, heads={self.heads}, chunk_size={self.chunk_size}"
@@ -207,7 +255,7 @@ class Attention(Mixer):
 
 def linear_in_dtype(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     """``layer(x)`` computed in x's dtype, whatever the layer's."""
-    return F.linear(x, layer.weight.to(x.dtype), layer.bias.to(x.dtype))
+    return F.linear(x, layer.weight.to(x.dtype), None if layer.bias is None else layer.bias.to(x.dtype))
 
 
 @register_mixer("chunked_attention")

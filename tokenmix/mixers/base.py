@@ -45,6 +45,7 @@ def zero_padding(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
 
 
 PADDING_SIDES = ("left", "right")
+SEQUENCE_SPLITS = ("halo", "channels", "heads")  # the ways ``Mixer.sequence_split`` names
 
 
 def common_padding_sides(parts) -> tuple[str, ...]:
@@ -87,6 +88,37 @@ class Mixer(Configurable, nn.Module):
     growing. Read it on an instance: options may decide it (``attention`` with a ``chunk_size``)."""
     toeplitz_streaming = False
     """Streams by the online product with its taps ``kernel(n)``: decoding can be checked against the direct product."""
+    mixes_context = False
+    """Has ``mix_context(x, context, key_mask, start)``: the newest tokens mixed with a context of earlier ones
+    ending with them, the memory a Transformer-XL block keeps (causal mixers only)."""
+    normalize_output = False
+    """Its outputs are sums that grow with its reach: a Transformer-XL block normalizes them (FNet's post-Fourier LayerNorm)."""
+
+    @property
+    def channel_independent(self) -> bool:
+        """Each output channel depends on the same input channel only: every channelwise linear mixer, and
+        depthwise nonlinear ones that say so (``channel_independent = True`` on the class)."""
+        return self.channelwise_linear
+
+    @property
+    def reach(self) -> tuple[int, int] | None:
+        """(behind, ahead): how many tokens before and after a position its output may depend on, where
+        finite (the receptive field is behind + 1 + ahead); None when any token may reach any other."""
+        return None
+
+    @property
+    def sequence_split(self) -> str | None:
+        """How the mixer runs on a sequence split into contiguous shards, one per process (context parallelism):
+
+        - ``"halo"``: a finite ``reach``; each shard needs only that many tokens of its neighbours;
+        - ``"channels"``: ``channel_independent``; exchanged from sequence shards to channel shards
+          (all-to-all), each process mixes whole sequences of dim / P channels;
+        - ``"heads"``: attention with independent heads, exchanged to head shards (all-to-all, Ulysses);
+        - None: it cannot be split.
+        """
+        if self.reach is not None:
+            return "halo"
+        return "channels" if self.channel_independent else None
 
     def __init__(self, dim: int, causal: bool):
         super().__init__()

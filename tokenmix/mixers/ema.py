@@ -41,6 +41,7 @@ class Ema(ToeplitzOperator, Mixer):
     no_weight_decay = ("delta", "alpha", "beta", "gamma")
     padding_invariant_sides = PADDING_SIDES  # the kernel depends on the lag only
     bounded_state = True  # N values per channel
+    channel_independent = True
 
     def __init__(self, dim: int, causal: bool = False, *, ndim: int = 16):
         super().__init__(dim, causal)

@@ -52,6 +52,8 @@ class FnetAr(Mixer):
     causal_modes = (True,)
     channelwise_linear = True
     bounded_state = True  # the last window - 1 inputs
+    mixes_context = True
+    normalize_output = True
     state_type = FnetArState
     padding_invariant_sides = ("right",)  # a token's DFT row is its position counted from the first token
 
@@ -62,8 +64,22 @@ class FnetAr(Mixer):
         super().__init__(dim, causal)
         self.window = window
 
+    @property
+    def reach(self) -> tuple[int, int]:
+        """The window: the W - 1 tokens before each."""
+        return self.window - 1, 0
+
     def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         return fourier_ar_mix(x, self.window)
+
+    def mix_context(self, x: torch.Tensor, context: torch.Tensor, key_mask: torch.Tensor, start: int) -> torch.Tensor:
+        """The newest n inputs x mixed with the context before them (``context`` ends with x; padded
+        keys, False in ``key_mask``, read as zeros) as the window buffer; x's first token is at stream
+        position ``start`` (its DFT row)."""
+        n, window = x.shape[1], self.window
+        before = context[:, :-n].masked_fill(~key_mask[:, :-n, None], 0.0)[:, -(window - 1) :] if window > 1 else context[:, :0]
+        history = torch.nn.functional.pad(before, (0, 0, window - 1 - before.shape[1], 0))
+        return self.step_chunk(x.masked_fill(~key_mask[:, -n:, None], 0.0), FnetArState(history, start), None)[0]
 
     def empty_state(self, batch_size: int, device, dtype: torch.dtype, max_length: int | None) -> FnetArState:
         return FnetArState(torch.zeros(batch_size, self.window - 1, self.dim, device=device, dtype=dtype))

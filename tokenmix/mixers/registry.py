@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..options import refuse_unknown
+from ..options import refuse_unknown, take_options
 
 _MIXERS: dict[str, type] = {}
 
@@ -29,6 +29,12 @@ def mixer_class(name: str):
     if name not in _MIXERS:
         raise ValueError(f"mixer name must be one of {list_mixers()}, got {name!r}")
     return _MIXERS[name]
+
+
+def shared_options(name: str, **values) -> dict:
+    """Those of ``values`` that mixer ``name`` takes too: a block passes its own ``dropout`` on to an attention's."""
+    accepted = take_options(mixer_class(name).__init__, {})[0]
+    return {key: value for key, value in values.items() if key in accepted}
 
 
 def resolve_mixer_options(name: str, options: dict, dim: int) -> dict:

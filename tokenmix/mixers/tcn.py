@@ -67,6 +67,7 @@ class Tcn(Mixer):
 
     no_weight_decay = ("taps", "bias")
     bounded_state = True  # the receptive field's last inputs per layer
+    channel_independent = True
 
     def __init__(
         self,
@@ -113,6 +114,14 @@ class Tcn(Mixer):
         if self.dilation_factor == "auto":
             return None
         return receptive_field(self.kernel_size, self.dilation_factor, self.depth, self.convs_per_block)
+
+    @property
+    def reach(self) -> tuple[int, int] | None:
+        """Summed over the convolutions: lags min_lag .. min_lag + K - 1 times each one's dilation (None with "auto")."""
+        if self.dilation_factor == "auto":
+            return None
+        dilations = sum(self.dilation_factor**block for block in range(self.depth)) * self.convs_per_block
+        return (self.min_lag + self.kernel_size - 1) * dilations, -self.min_lag * dilations
 
     def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Padding is zeroed before every convolution: a bias must not carry it to real tokens."""

@@ -3,9 +3,11 @@
 A config names the model, its task and sizes, and *every* constructor option of its blocks and
 mixers with defaults filled in (``resolve_model_options``), so a saved model reloads as the same
 model after a default changes. Configs of format 2 and later are read strictly: an unknown or
-missing key, or a newer format, is a ValueError. Format 3 added the classification head's ``pool`` and
-``documents`` (format 2 configs read as "mean" and 1, the only head they had). Format 1 (tokenmix 0.1, no version field) recorded only the
-options a user passed; it is still read, with a warning that today's defaults fill the rest.
+missing key, or a newer format, is a ValueError. Format 3 added the classification head's ``pool``
+and ``documents`` (format 2 configs read as "mean" and 1, the only head they had); format 4 made
+Transformer-XL's attention a registered mixer (``renamed_xl_mixer`` reads older configs). Format 1
+(tokenmix 0.1, no version field) recorded only the options a user passed; it is still read, with a
+warning that today's defaults fill the rest.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from ..validation import check_int
 from ..version import __version__
 from .registry import TASKS, resolve_model_options
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 POOLS = ("mean", "first", "last")
-# The keys of each format (format 1 recorded no versions; format 3 added the classification head's pool and documents).
+# The keys of each format (format 1 recorded no versions; format 3 added the classification head's pool and documents;
+# format 4 renamed Transformer-XL's mixer, see ``renamed_xl_mixer``).
 FORMAT_KEYS = {1: {"name", "task", "vocab_size", "dim", "depth", "num_classes", "options"}}
 FORMAT_KEYS[2] = FORMAT_KEYS[1] | {"format_version", "tokenmix_version"}
 FORMAT_KEYS[3] = FORMAT_KEYS[2] | {"pool", "documents"}
+FORMAT_KEYS[4] = FORMAT_KEYS[3]
 
 
 @dataclass
@@ -105,7 +109,19 @@ class ModelConfig:
                 "today's defaults fill in the rest, which may differ from those it was trained with",
                 stacklevel=2,
             )
+        if version < 4:
+            data = renamed_xl_mixer(data)
         return cls(**{key: value for key, value in data.items() if key not in ("format_version", "tokenmix_version")})
+
+
+def renamed_xl_mixer(data: dict) -> dict:
+    """A config of format 1 to 3: Transformer-XL's attention was its block's own part, ``mixer="attention"``,
+    beside an unused FNetAR ``window``; it is the registered ``relative_attention`` mixer since format 4."""
+    options = data.get("options")
+    if data.get("name") != "transformer_xl" or not isinstance(options, dict) or options.get("mixer", "attention") != "attention":
+        return data
+    options = {key: value for key, value in options.items() if key != "window"}
+    return {**data, "options": {**options, "mixer": "relative_attention"} if "mixer" in options else options}
 
 
 def with_segment_length(config: ModelConfig, saved: dict, segment_length: int | None) -> ModelConfig:

@@ -46,7 +46,7 @@ _MODELS: dict[str, ModelSpec] = {
     "tcnca_simple": ModelSpec(Repeated(TcncaSimpleBlock), {}, "TCNCA-simple: pre-norm TCN -> chunked attention -> MLP"),
     "transformer": ModelSpec(Repeated(TransformerBlock), {}, "pre-norm Transformer: full multi-head attention (rotary) + FFN"),
     "transformer_xl": ModelSpec(
-        Repeated(XlBlock), {"mixer": "attention"}, "Transformer-XL: relative attention over [memory; segment]", ("lm",)
+        Repeated(XlBlock), {"mixer": "relative_attention"}, "Transformer-XL: relative attention over [memory; segment]", ("lm",)
     ),
     "fnet_ar_xl": ModelSpec(FourierXlStack(), {}, "Transformer-XL with half its attention layers replaced by FNetAR mixing", ("lm",)),
 }

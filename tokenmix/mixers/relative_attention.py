@@ -1,0 +1,119 @@
+"""Transformer-XL's relative multi-head attention (Dai et al. 2019, §3.3), the mixer of its blocks.
+
+Queries are the newest n tokens; keys and values a context (batch, M + n, d) ending with them (a
+block's memory, then the segment). For query i (stream offset M + i) and key j,
+
+    score(i, j) = (q_i + u) . k_j + (q_i + v) . W_R R_{M+i-j},   R sinusoidal, u, v learned,
+
+masked to j <= M + i. The relative term is computed for every distance and gathered into place
+(instead of the "rel-shift" reshaping trick). As a mixer on its own (name ``relative_attention``)
+the context is the sequence itself, and a stream keeps every input as its context.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..options import take_options
+from ..state import StreamState
+from ..validation import check_int
+from .attention import default_heads, linear_in_dtype
+from .base import PADDING_SIDES, Mixer
+from .registry import register_mixer
+
+
+def sinusoid_positions(count: int, dim: int, device=None) -> torch.Tensor:
+    """(count, dim) sinusoidal encodings of distances 0 .. count - 1 (Vaswani et al.)."""
+    distances = torch.arange(count, device=device, dtype=torch.float32)[:, None]
+    frequencies = torch.exp(torch.arange(0, dim, 2, device=device, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    encoding = torch.zeros(count, dim, device=device)
+    encoding[:, 0::2] = torch.sin(distances * frequencies)
+    encoding[:, 1::2] = torch.cos(distances * frequencies)[:, : dim // 2]
+    return encoding
+
+
+@dataclass
+class ContextState(StreamState):
+    """Every input of the stream so far (batch, t, dim), which of them are real tokens (batch, t), and the position."""
+
+    inputs: torch.Tensor
+    real: torch.Tensor
+    position: int = 0
+
+
+@register_mixer("relative_attention")
+class RelativeAttention(Mixer):
+    """Causal multi-head attention with relative positions over a context (name ``relative_attention``);
+    ``heads`` None takes ``default_heads``: 4 when dim allows it."""
+
+    causal_modes = (True,)
+    mixes_context = True
+    padding_invariant_sides = PADDING_SIDES  # scores depend on distances only
+    no_weight_decay = ("content_bias", "position_bias")
+    sequence_split = "heads"
+
+    def __init__(self, dim: int, causal: bool = True, *, heads: int | None = None, dropout: float = 0.0):
+        if not causal:
+            raise ValueError("relative_attention is causal (Transformer-XL): build it with causal=True")
+        super().__init__(dim, causal)
+        heads = default_heads(dim, "none") if heads is None else check_int(heads, "heads")
+        if dim % heads:
+            raise ValueError(f"dim={dim} must be divisible by heads={heads}")
+        self.heads, self.head_dim = heads, dim // heads
+        self.query = nn.Linear(dim, dim)
+        self.key_value = nn.Linear(dim, 2 * dim)
+        self.position = nn.Linear(dim, dim, bias=False)
+        self.content_bias = nn.Parameter(torch.zeros(heads, self.head_dim))  # u
+        self.position_bias = nn.Parameter(torch.zeros(heads, self.head_dim))  # v
+        self.out = nn.Linear(dim, dim)
+        self.dropout = nn.Dropout(dropout)
+
+    @classmethod
+    def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:
+        """``heads`` pinned to the number None stands for at this dim (``default_heads``: 4 where dim allows)."""
+        own, unknown = take_options(cls.__init__, options)
+        if own["heads"] is None:
+            own["heads"] = default_heads(dim, "none")
+        return own, unknown
+
+    def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask
+        return self.mix_context(x, x, real, 0)
+
+    def mix_context(self, x: torch.Tensor, context: torch.Tensor, key_mask: torch.Tensor, start: int) -> torch.Tensor:
+        """x: the newest n inputs (batch, n, d); context: [memory; segment] ending with x; key_mask:
+        (batch, M + n), True at keys that may be seen (each query always sees itself). Relative
+        positions make ``start`` irrelevant."""
+        batch, n, dim = x.shape
+        total = context.shape[1]
+        q = linear_in_dtype(x, self.query).view(batch, n, self.heads, self.head_dim)
+        k, v = linear_in_dtype(context, self.key_value).view(batch, total, 2, self.heads, self.head_dim).unbind(2)
+        r = linear_in_dtype(sinusoid_positions(total, dim, x.device).to(x.dtype), self.position).view(total, self.heads, self.head_dim)
+        content = torch.einsum("bihd,bjhd->bhij", q + self.content_bias.to(x.dtype), k)
+        by_distance = torch.einsum("bihd,rhd->bhir", q + self.position_bias.to(x.dtype), r)
+        distance = (total - n) + torch.arange(n, device=x.device)[:, None] - torch.arange(total, device=x.device)[None, :]
+        position = by_distance.gather(-1, distance.clamp(min=0).expand(batch, self.heads, n, total))
+        itself = distance == 0
+        blocked = (distance < 0) | ~(key_mask[:, None, None, :] | itself)
+        scores = ((content + position) / math.sqrt(self.head_dim)).masked_fill(blocked, torch.finfo(x.dtype).min)
+        weights = self.dropout(torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(x.dtype))
+        return linear_in_dtype(torch.einsum("bhij,bjhd->bihd", weights, v).reshape(batch, n, dim), self.out)
+
+    state_type = ContextState
+
+    def empty_state(self, batch_size: int, device, dtype: torch.dtype, max_length: int | None) -> ContextState:
+        inputs = torch.zeros(batch_size, 0, self.dim, device=device, dtype=dtype)
+        return ContextState(inputs, torch.zeros(batch_size, 0, dtype=torch.bool, device=device))
+
+    def step_chunk(self, x: torch.Tensor, state: ContextState, mask) -> tuple[torch.Tensor, ContextState]:
+        """The chunk over every earlier input and itself: the state grows with the stream."""
+        real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask
+        context, key_mask = torch.cat([state.inputs, x], dim=1), torch.cat([state.real, real], dim=1)
+        return self.mix_context(x, context, key_mask, state.position), ContextState(context, key_mask, state.position + x.shape[1])
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, heads={self.heads}"
