@@ -379,7 +379,7 @@ def test_generate_cases_and_their_defaults():
         (["--recompute-max", "0"], "argument --recompute-max: must be an integer >= 1, got '0'"),
         (["--direct-max-seconds", "0"], "argument --direct-max-seconds: must be a finite number > 0"),
         (["--stream-lengths", "0"], "argument --stream-lengths: lengths must be positive integers"),
-        (["-o", "tno.factored=maybe"], "with options {'factored': 'maybe'}: option factored must be bool, got 'maybe'"),
+        (["-o", "tno.factored=maybe"], "with options {'factored': 'maybe'}: factored must be true or false, got 'maybe'"),
     ],
 )
 def test_bad_generate_options_are_refused_before_anything_is_measured(flags, message, tmp_path, capsys, monkeypatch):

@@ -3,12 +3,14 @@
 import json
 import os
 import stat
+from dataclasses import dataclass
 
 import pytest
 import torch
 
 import tokenmix
-from tokenmix.mixers.ski_tno import SkiTno
+from tokenmix.fields import Number, setting
+from tokenmix.mixers.ski_tno import SkiTno, SkiTnoOptions
 from tokenmix.models import FORMAT_VERSION, ModelConfig
 
 
@@ -28,8 +30,12 @@ def test_a_saved_model_survives_a_default_change(tmp_path, monkeypatch):
     model.save_pretrained(tmp_path)
     tokens = torch.randint(0, 10, (2, 30))
     expected = model(tokens)
-    defaults = list(SkiTno.__init__.__kwdefaults__.items())
-    monkeypatch.setattr(SkiTno.__init__, "__kwdefaults__", {**dict(defaults), "gain": 1.0})
+
+    @dataclass
+    class OldDefaults(SkiTnoOptions):
+        gain: float = setting(1.0, Number(0, open_minimum=True), "the old default")
+
+    monkeypatch.setattr(SkiTno, "options_type", OldDefaults)
     assert tokenmix.build_model("ski_tnn", vocab_size=10, dim=8, depth=1).config.options["gain"] == 1.0
     torch.testing.assert_close(tokenmix.from_pretrained(tmp_path).eval()(tokens), expected, rtol=0, atol=0)
 

@@ -24,9 +24,11 @@ import torch
 from torch import nn
 
 import tokenmix
+from tokenmix.fields import Number, setting
 from tokenmix.generation import naive_generate
 from tokenmix.mixers import Mixer, register_mixer
 from tokenmix.mixers.base import PADDING_SIDES
+from tokenmix.options import Options
 from tokenmix.state import StreamState
 
 NAME = "cumulative_mean"
@@ -42,17 +44,23 @@ class RunningMean(StreamState):
     count: torch.Tensor
 
 
+@dataclass
+class CumulativeMeanOptions(Options):
+    initial_scale: float = setting(1.0, Number(), "the learned scale per channel at initialisation")
+
+
 class CumulativeMean(Mixer):
     """The mean of the real tokens so far (causal) or of all of them, times a learned scale per channel."""
 
+    options_type = CumulativeMeanOptions
     padding_invariant_sides = PADDING_SIDES  # the mean counts real tokens only
     channelwise_linear = True
     bounded_state = True
     state_type = RunningMean
 
-    def __init__(self, dim: int, causal: bool = False, *, initial_scale: float = 1.0):
-        super().__init__(dim, causal)
-        self.scale = nn.Parameter(torch.full((dim,), float(initial_scale)))
+    def __init__(self, dim: int, causal: bool = False, **options):
+        super().__init__(dim, causal, **options)
+        self.scale = nn.Parameter(torch.full((dim,), self.options.initial_scale))
 
     def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         real = x.new_ones(x.shape[:2] + (1,)) if mask is None else mask[..., None].to(x.dtype)

@@ -30,6 +30,13 @@ def test_docs_cite_papers_by_name_not_by_internal_file():
     assert not offending, "\n".join(offending[:20])
 
 
+def test_options_page_holds_the_tables_printed_from_the_option_dataclasses():
+    """Regenerate with ``python -m tokenmix.mixers.options_page docs/options.md``."""
+    from tokenmix.mixers.options_page import mixer_section
+
+    assert mixer_section() in OPTIONS
+
+
 def test_architecture_page_lists_capabilities_every_mixer_has():
     from tokenmix.mixers import Mixer
 

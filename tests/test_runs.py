@@ -202,10 +202,17 @@ def test_overwrite_touches_nothing_until_every_setting_is_checked(text_file, tmp
 
 
 def test_a_resume_rebuilds_the_saved_model_after_a_default_changed(text_file, tmp_path, monkeypatch):
-    from tokenmix.mixers.tno import Tno
+    from dataclasses import dataclass
+
+    from tokenmix.fields import Number, setting
+    from tokenmix.mixers.tno import Tno, TnoOptions
+
+    @dataclass
+    class NewDefaults(TnoOptions):
+        decay: float = setting(0.5, Number(0, 1, open_minimum=True), "a changed default")
 
     Trainer(tiny(text_file, tmp_path / "r", steps=2), progress=False).run()
-    monkeypatch.setattr(Tno.__init__, "__kwdefaults__", {**Tno.__init__.__kwdefaults__, "decay": 0.5})
+    monkeypatch.setattr(Tno, "options_type", NewDefaults)
     resumed = Trainer(tiny(text_file, tmp_path / "r", steps=3), resume=True, progress=False)
     assert resumed.model.config.options["decay"] == 0.99
     resumed.run()

@@ -60,13 +60,18 @@ class Kind:
 
 
 class Integer(Kind):
-    def __init__(self, minimum: int = 1, maximum: int | None = None, optional: bool = False):
-        self.minimum, self.maximum, self.optional = minimum, maximum, optional
+    """An integer in [minimum, maximum]; ``words`` are names it takes too (a TCN's ``dilation_factor="auto"``)."""
+
+    def __init__(self, minimum: int = 1, maximum: int | None = None, optional: bool = False, words: tuple[str, ...] = ()):
+        self.minimum, self.maximum, self.optional, self.words = minimum, maximum, optional, words
 
     def describe(self) -> str:
-        return f"an integer >= {self.minimum}" if self.maximum is None else f"an integer in [{self.minimum}, {self.maximum}]"
+        number = f"an integer >= {self.minimum}" if self.maximum is None else f"an integer in [{self.minimum}, {self.maximum}]"
+        return " or ".join([number, *(f'"{word}"' for word in self.words)])
 
-    def parse(self, text: str) -> int:
+    def parse(self, text: str) -> int | str:
+        if text in self.words:
+            return text
         try:
             value = int(text)
         except ValueError:
@@ -74,8 +79,8 @@ class Integer(Kind):
         return self._bounded(value, "", repr(text))
 
     def check(self, value, name: str):
-        if value is None and self.optional:
-            return None
+        if (value is None and self.optional) or (isinstance(value, str) and value in self.words):
+            return value
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"{name} must be {self.describe()}, got {value!r}")
         return self._bounded(value, f"{name} ", repr(value))
@@ -133,6 +138,36 @@ class Number(Kind):
         if self.maximum is not None:
             texts.append(f"{self.maximum:g}" if self.open_maximum else f"{self.maximum + 1:g}")
         return texts
+
+
+class Flag(Kind):
+    """True or false (a Python bool; nothing else is read as one)."""
+
+    def describe(self) -> str:
+        return "true or false"
+
+    def check(self, value, name: str):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, got {value!r}")
+        return value
+
+
+class Pair(Kind):
+    """Two integers >= 1, as a list (the form a JSON config holds), or None."""
+
+    def __init__(self, what: str):
+        self.what, self.optional = what, True
+
+    def describe(self) -> str:
+        return f"two positive integers ({self.what})"
+
+    def check(self, value, name: str):
+        if value is None:
+            return None
+        pair = isinstance(value, (list, tuple)) and len(value) == 2
+        if not pair or any(isinstance(size, bool) or not isinstance(size, int) or size < 1 for size in value):
+            raise ValueError(f"{name} must be None or {self.describe()}, got {value!r}")
+        return [int(size) for size in value]
 
 
 class Choice(Kind):

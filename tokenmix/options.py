@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields
+
+from .fields import check_settings
 
 POSITIONAL = ("self", "dim", "causal")  # given by the caller, never options
 
@@ -65,6 +68,32 @@ def refuse_unknown(unknown: dict, accepted: Iterable[str], owner: str) -> None:
         names = ", ".join(repr(name) for name in sorted(unknown))
         plural = "s" if len(unknown) > 1 else ""
         raise ValueError(f"unknown option{plural} {names} for {owner}; accepted options: {', '.join(sorted(accepted))}")
+
+
+@dataclass
+class Options:
+    """Base of a mixer's options: a dataclass whose fields are declared with ``fields.setting(default,
+    kind, help)``, so each option's type, range, default and one-line help live in one place. The
+    kinds check every value on construction (a ValueError naming the option); the option table of
+    docs/options.md is printed from the fields (``python -m tokenmix.mixers.options_page``)."""
+
+    def __post_init__(self):
+        check_settings(self)
+
+    @classmethod
+    def take(cls, options: dict) -> tuple[Options, dict]:
+        """(own, rest): this dataclass from those of ``options`` it declares (defaults for the others), and the rest."""
+        names = {spec.name for spec in fields(cls)}
+        own = cls(**{key: value for key, value in options.items() if key in names})
+        return own, {key: value for key, value in options.items() if key not in names}
+
+    def pinned(self, dim: int) -> Options:
+        """Defaults derived from the width (a None that stands for a number) replaced by that number, so a
+        saved config does not depend on how they are derived; the others as they are."""
+        return self
+
+    def as_dict(self) -> dict:
+        return {spec.name: getattr(self, spec.name) for spec in fields(self)}
 
 
 class Configurable:

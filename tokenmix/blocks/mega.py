@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..mixers.attention import AttentionCore, RelativePosition, relative_reach
-from ..mixers.registry import build_mixer, list_mixers, mixer_class
+from ..mixers.registry import build_mixer, list_mixers, mixer_class, option_names
 from ..options import Configurable, merge_options, take_options
 from ..validation import check_int
 from .ffn import Ffn
@@ -30,11 +30,7 @@ def sequence_mixers() -> list[str]:
     """The registered mixers a block can run as its sequence mixer (MEGA's ``ema``, TCNCA's ``tcn``): those
     over a sequence whose options share no name with the block's own (both live in one namespace)."""
     own = set(take_options(MegaBlock.__init__, {})[0])
-    return [
-        name
-        for name in list_mixers()
-        if mixer_class(name).token_axes == 1 and not own & set(take_options(mixer_class(name).__init__, {})[0])
-    ]
+    return [name for name in list_mixers() if mixer_class(name).token_axes == 1 and not own & option_names(name)]
 
 
 def check_sequence_mixer(name) -> str:

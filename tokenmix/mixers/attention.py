@@ -9,14 +9,15 @@ simple relative bias; offsets beyond ``max_distance`` share the last value) or `
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..fields import Choice, Integer, setting
 from ..ops.attention import chunked_attention, rotary
-from ..options import take_options
+from ..options import Options
 from ..state import StreamState
 from ..validation import check_int
 from .base import PADDING_SIDES, Mixer
@@ -161,6 +162,22 @@ def default_heads(dim: int, position: str) -> int:
     raise ValueError(f"position='rotary' needs an even head width, impossible with dim={dim}; use position='bias' or 'none'")
 
 
+@dataclass
+class AttentionOptions(Options):
+    heads: int | None = setting(
+        None, Integer(1, optional=True), "attention heads; none: the most up to 4 that split dim evenly (into even widths for rotary)"
+    )
+    chunk_size: int | None = setting(None, Integer(1, optional=True), "attend within blocks of this many tokens (none: the whole sequence)")
+    position: str = setting("rotary", Choice(POSITIONS), "rotary, bias (a learned scalar per offset) or none")
+    max_distance: int | None = setting(
+        None, Integer(1, optional=True), "offsets of the learned bias beyond this share one value (none: the chunk, else 1024)"
+    )
+
+    def pinned(self, dim: int) -> AttentionOptions:
+        heads = default_heads(dim, self.position) if self.heads is None else self.heads
+        return replace(self, heads=heads, max_distance=relative_reach(self.max_distance, self.chunk_size))
+
+
 @register_mixer("attention")
 class Attention(Mixer):
     """Multi-head softmax attention (name ``attention``); ``chunk_size`` None sees the whole sequence.
@@ -169,41 +186,21 @@ class Attention(Mixer):
     the input's dtype, so a float32 module takes bfloat16 or float64 input like every other mixer.
     """
 
-    def __init__(
-        self,
-        dim: int,
-        causal: bool = False,
-        *,
-        heads: int | None = None,
-        chunk_size: int | None = None,
-        position: str = "rotary",
-        max_distance: int | None = None,
-    ):
-        super().__init__(dim, causal)
-        if position not in POSITIONS:
-            raise ValueError(f"position must be one of {list(POSITIONS)}, got {position!r}")
-        heads = default_heads(dim, position) if heads is None else check_int(heads, "heads")
+    options_type = AttentionOptions
+
+    def __init__(self, dim: int, causal: bool = False, **options):
+        super().__init__(dim, causal, **options)
+        heads, chunk_size, position = self.options.heads, self.options.chunk_size, self.options.position
         if dim % heads:
             raise ValueError(f"dim={dim} must be divisible by heads={heads}")
         if position == "rotary" and (dim // heads) % 2:
             raise ValueError(f"position='rotary' needs an even head width dim / heads, got {dim} / {heads} = {dim // heads}")
-        if chunk_size is not None:
-            check_int(chunk_size, "chunk_size")
         self.heads, self.chunk_size = heads, chunk_size
         self.query_key_value = nn.Linear(dim, 3 * dim)
         self.out = nn.Linear(dim, dim)
-        self.position = RelativePosition(position, relative_reach(max_distance, chunk_size))
+        self.position = RelativePosition(position, self.options.max_distance)
         width = dim // heads
         self.core = AttentionCore(self.position, chunk_size, causal, heads, width, width)
-
-    @classmethod
-    def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:
-        """Heads and the bias reach pinned to the numbers ``None`` stands for at this dim."""
-        own, unknown = take_options(cls.__init__, options)
-        if own["heads"] is None:
-            own["heads"] = default_heads(dim, own["position"])
-        own["max_distance"] = relative_reach(own["max_distance"], own["chunk_size"])
-        return own, unknown
 
     @property
     def padding_invariant_sides(self) -> tuple[str, ...]:
@@ -258,20 +255,13 @@ def linear_in_dtype(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     return F.linear(x, layer.weight.to(x.dtype), None if layer.bias is None else layer.bias.to(x.dtype))
 
 
+@dataclass
+class ChunkedAttentionOptions(AttentionOptions):
+    chunk_size: int = setting(128, Integer(1), "attend within non-overlapping blocks of this many tokens (the last block is padded)")
+
+
 @register_mixer("chunked_attention")
 class ChunkedAttention(Attention):
     """Attention within blocks of ``chunk_size`` tokens (name ``chunked_attention``, default 128)."""
 
-    def __init__(
-        self,
-        dim: int,
-        causal: bool = False,
-        *,
-        heads: int | None = None,
-        chunk_size: int = 128,
-        position: str = "rotary",
-        max_distance: int | None = None,
-    ):
-        if chunk_size is None:
-            raise ValueError("chunk_size must be an integer >= 1 for chunked_attention (use 'attention' for full attention)")
-        super().__init__(dim, causal, heads=heads, chunk_size=chunk_size, position=position, max_distance=max_distance)
+    options_type = ChunkedAttentionOptions

@@ -17,11 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..fields import Integer, setting
 from ..ops.ema import ema_chunk, ema_kernel, naive_ema
 from ..ops.fft import spectral_dtype
 from ..ops.toeplitz import toeplitz_matvec
+from ..options import Options
 from ..state import StreamState
-from ..validation import check_int
 from .base import PADDING_SIDES, Mixer, ToeplitzOperator
 from .registry import register_mixer
 
@@ -33,19 +34,25 @@ class EmaState(StreamState):
     hidden: torch.Tensor
 
 
+@dataclass
+class EmaOptions(Options):
+    ndim: int = setting(16, Integer(1), "expansion dimensions N of MEGA's damped EMA")
+
+
 @register_mixer("ema")
 class Ema(ToeplitzOperator, Mixer):
     """Damped EMA (name ``ema``), option ``ndim`` (N, default 16)."""
 
+    options_type = EmaOptions
     fft_based = True
     no_weight_decay = ("delta", "alpha", "beta", "gamma")
     padding_invariant_sides = PADDING_SIDES  # the kernel depends on the lag only
     bounded_state = True  # N values per channel
     channel_independent = True
 
-    def __init__(self, dim: int, causal: bool = False, *, ndim: int = 16):
-        super().__init__(dim, causal)
-        self.ndim = check_int(ndim, "ndim")
+    def __init__(self, dim: int, causal: bool = False, **options):
+        super().__init__(dim, causal, **options)
+        self.ndim = ndim = self.options.ndim
         directions = 1 if self.causal else 2
         shape = (directions, dim, ndim)
         self.delta = nn.Parameter(torch.randn(shape) * 0.2)

@@ -15,16 +15,19 @@ TNO, the spectrum is a (few-column) basis times the output weights: a single mat
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
+from ..fields import Choice, setting
+from ..ops.activations import ACTIVATIONS
 from ..ops.fft import fast_fft_size, spectral_dtype
 from ..ops.hilbert import causal_impulse_response, causal_spectrum
 from ..ops.toeplitz import complex_readout, spectral_matvec
 from .base import Mixer, ToeplitzOperator
 from .cache import Cache
 from .registry import register_mixer
-from .rpe import RelativePositionEncoder
+from .rpe import RelativePositionEncoder, RpeOptions
 from .tno import cached_or_factored_matvec
 from .toeplitz_stream import ToeplitzStreaming
 
@@ -34,16 +37,23 @@ def rfft_frequencies(fft_size: int, device=None) -> torch.Tensor:
     return torch.arange(fft_size // 2 + 1, device=device, dtype=torch.float32) * (2 * math.pi / fft_size)
 
 
+@dataclass
+class FdTnoOptions(RpeOptions):
+    activation: str = setting("gelu", Choice(sorted(ACTIVATIONS)), "RPE activation")
+
+
 @register_mixer("fd_tno")
 class FdTno(ToeplitzStreaming, ToeplitzOperator, Mixer):
     """Frequency-domain Toeplitz neural operator (name ``fd_tno``)."""
 
+    options_type = FdTnoOptions
     fft_based = True
     taps_depend_on_length = True  # the RPE is sampled on the FFT grid of the length
 
-    def __init__(self, dim: int, causal: bool = False, *, rpe_dim: int = 64, rpe_layers: int = 3, activation: str = "gelu"):
-        super().__init__(dim, causal)
-        self.rpe = RelativePositionEncoder(dim if causal else 2 * dim, rpe_dim, rpe_layers, activation)
+    def __init__(self, dim: int, causal: bool = False, **options):
+        super().__init__(dim, causal, **options)
+        o = self.options
+        self.rpe = RelativePositionEncoder(dim if causal else 2 * dim, o.rpe_dim, o.rpe_layers, o.activation)
         self._cache = Cache()
 
     def _basis(self, fft_size: int) -> torch.Tensor:

@@ -6,11 +6,17 @@ from dataclasses import dataclass
 
 import torch
 
+from ..fields import Flag, Integer, setting
 from ..ops.fourier import fnet_mixing, fourier_ar_mix
+from ..options import Options
 from ..state import StreamState
-from ..validation import check_int
 from .base import Mixer
 from .registry import register_mixer
+
+
+@dataclass
+class FnetOptions(Options):
+    sequence_only: bool = setting(False, Flag(), "Re(FFT) over the sequence only, instead of over sequence and hidden dimensions")
 
 
 @register_mixer("fnet")
@@ -20,14 +26,15 @@ class Fnet(Mixer):
     Bidirectional only: every output depends on every input.
     """
 
+    options_type = FnetOptions
     fft_based = True
     causal_modes = (False,)
 
-    def __init__(self, dim: int, causal: bool = False, *, sequence_only: bool = False):
+    def __init__(self, dim: int, causal: bool = False, **options):
         if causal:
             raise ValueError("fnet mixes the whole sequence and cannot be causal; use fnet_ar for causal mixing")
-        super().__init__(dim, causal)
-        self.sequence_only = bool(sequence_only)
+        super().__init__(dim, causal, **options)
+        self.sequence_only = self.options.sequence_only
 
     def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         return fnet_mixing(x, self.sequence_only)
@@ -41,6 +48,13 @@ class FnetArState(StreamState):
     position: int = 0
 
 
+@dataclass
+class FnetArOptions(Options):
+    window: int = setting(
+        512, Integer(1), "W: position i = t mod W of each window segment mixes the W inputs ending at t with the real part of DFT row i"
+    )
+
+
 @register_mixer("fnet_ar")
 class FnetAr(Mixer):
     """FNetAR causal Fourier mixing with window W (option ``window``, default 512), parameter free.
@@ -49,6 +63,7 @@ class FnetAr(Mixer):
     buffer: the last W - 1 inputs and the stream position (which DFT row each token uses).
     """
 
+    options_type = FnetArOptions
     causal_modes = (True,)
     channelwise_linear = True
     bounded_state = True  # the last window - 1 inputs
@@ -57,12 +72,11 @@ class FnetAr(Mixer):
     state_type = FnetArState
     padding_invariant_sides = ("right",)  # a token's DFT row is its position counted from the first token
 
-    def __init__(self, dim: int, causal: bool = True, *, window: int = 512):
+    def __init__(self, dim: int, causal: bool = True, **options):
         if not causal:
             raise ValueError("fnet_ar is causal by construction: build it with causal=True")
-        check_int(window, "window")
-        super().__init__(dim, causal)
-        self.window = window
+        super().__init__(dim, causal, **options)
+        self.window = self.options.window
 
     @property
     def reach(self) -> tuple[int, int]:

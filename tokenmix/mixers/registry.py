@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from torch import nn
 
-from ..options import refuse_unknown, take_options
+from ..options import refuse_unknown
 
 _MIXERS: dict[str, type] = {}
 
@@ -33,8 +35,12 @@ def mixer_class(name: str):
 
 def shared_options(name: str, **values) -> dict:
     """Those of ``values`` that mixer ``name`` takes too: a block passes its own ``dropout`` on to an attention's."""
-    accepted = take_options(mixer_class(name).__init__, {})[0]
-    return {key: value for key, value in values.items() if key in accepted}
+    return {key: value for key, value in values.items() if key in option_names(name)}
+
+
+def option_names(name: str) -> set[str]:
+    """The options mixer ``name`` declares (its ``options_type``)."""
+    return {spec.name for spec in fields(mixer_class(name).options_type)}
 
 
 def resolve_mixer_options(name: str, options: dict, dim: int) -> dict:

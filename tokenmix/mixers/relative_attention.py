@@ -13,14 +13,14 @@ the context is the sequence itself, and a stream keeps every input as its contex
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
-from ..options import take_options
+from ..fields import Integer, Number, setting
+from ..options import Options
 from ..state import StreamState
-from ..validation import check_int
 from .attention import default_heads, linear_in_dtype
 from .base import PADDING_SIDES, Mixer
 from .registry import register_mixer
@@ -45,22 +45,32 @@ class ContextState(StreamState):
     position: int = 0
 
 
+@dataclass
+class RelativeAttentionOptions(Options):
+    heads: int | None = setting(None, Integer(1, optional=True), "attention heads; none: the most up to 4 that split dim evenly")
+    dropout: float = setting(0.0, Number(0, 1, open_maximum=True), "on the attention weights (a block passes its own dropout on)")
+
+    def pinned(self, dim: int) -> RelativeAttentionOptions:
+        return replace(self, heads=default_heads(dim, "none") if self.heads is None else self.heads)
+
+
 @register_mixer("relative_attention")
 class RelativeAttention(Mixer):
     """Causal multi-head attention with relative positions over a context (name ``relative_attention``);
     ``heads`` None takes ``default_heads``: 4 when dim allows it."""
 
+    options_type = RelativeAttentionOptions
     causal_modes = (True,)
     mixes_context = True
     padding_invariant_sides = PADDING_SIDES  # scores depend on distances only
     no_weight_decay = ("content_bias", "position_bias")
     sequence_split = "heads"
 
-    def __init__(self, dim: int, causal: bool = True, *, heads: int | None = None, dropout: float = 0.0):
+    def __init__(self, dim: int, causal: bool = True, **options):
         if not causal:
             raise ValueError("relative_attention is causal (Transformer-XL): build it with causal=True")
-        super().__init__(dim, causal)
-        heads = default_heads(dim, "none") if heads is None else check_int(heads, "heads")
+        super().__init__(dim, causal, **options)
+        heads = self.options.heads
         if dim % heads:
             raise ValueError(f"dim={dim} must be divisible by heads={heads}")
         self.heads, self.head_dim = heads, dim // heads
@@ -70,15 +80,7 @@ class RelativeAttention(Mixer):
         self.content_bias = nn.Parameter(torch.zeros(heads, self.head_dim))  # u
         self.position_bias = nn.Parameter(torch.zeros(heads, self.head_dim))  # v
         self.out = nn.Linear(dim, dim)
-        self.dropout = nn.Dropout(dropout)
-
-    @classmethod
-    def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:
-        """``heads`` pinned to the number None stands for at this dim (``default_heads``: 4 where dim allows)."""
-        own, unknown = take_options(cls.__init__, options)
-        if own["heads"] is None:
-            own["heads"] = default_heads(dim, "none")
-        return own, unknown
+        self.dropout = nn.Dropout(self.options.dropout)
 
     def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask

@@ -8,17 +8,30 @@ is a 2-D offset (row, column), as in TNN's 2-D operator (``tno2d``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-from ..ops.activations import get_activation
+from ..fields import Choice, Integer, setting
+from ..ops.activations import ACTIVATIONS, get_activation
 from ..ops.interpolation import grid_weights, interpolation_matrix
+from ..options import Options
 from ..validation import check_int
 
 
 def rms_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """Parameter-free RMS norm over the last dimension."""
     return x / (x.norm(dim=-1, keepdim=True) * x.shape[-1] ** -0.5 + eps)
+
+
+@dataclass
+class RpeOptions(Options):
+    """The options of a mixer whose kernel an RPE MLP draws."""
+
+    rpe_dim: int = setting(64, Integer(1), "width e of the relative position encoder (RPE) MLP")
+    rpe_layers: int = setting(3, Integer(0), "hidden Linear(e, e) layers of the RPE (the TNN paper: 6 for its LM, 1 in small configs)")
+    activation: str = setting("relu", Choice(sorted(ACTIVATIONS)), "RPE activation")
 
 
 class RelativePositionEncoder(nn.Module):

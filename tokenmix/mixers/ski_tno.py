@@ -27,13 +27,15 @@ so its spectrum is a fixed basis spectrum (cached per length) times the paramete
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from ..fields import Choice, Integer, Number, setting
 from ..ops.band import band_matvec, naive_band_matrix
 from ..ops.fft import fast_fft_size
-from ..ops.interpolation import check_interpolation
+from ..ops.interpolation import DEGREES, check_interpolation
 from ..ops.ski import (
     dense_interpolation,
     inducing_lags,
@@ -46,7 +48,7 @@ from ..ops.ski import (
     toeplitz_blocks,
 )
 from ..ops.toeplitz import naive_toeplitz_matrix, toeplitz_spectrum
-from ..validation import check_int
+from ..options import Options
 from .base import PADDING_SIDES, Mixer
 from .cache import Cache
 from .registry import register_mixer
@@ -61,45 +63,38 @@ PATHS = ("auto", "dense", "sparse")
 SPARSE_FROM_LENGTH = {"linear": 1, "cubic": None}
 
 
+@dataclass
+class SkiTnoOptions(Options):
+    filter_size: int = setting(32, Integer(1), "band of the sparse part (made odd and centred: lags -16 ... 16)")
+    rank: int = setting(64, Integer(2), "inducing points r of the low-rank part W A W^T")
+    decay: float = setting(
+        0.99, Number(0, 1, open_minimum=True, open_maximum=True), "base of the inverse time warp x(t) = sign(t) decay^abs(t)"
+    )
+    knots: int = setting(32, Integer(1), "knots per side of the piecewise-linear RPE on [-1, 1] (RPE(0) = 0)")
+    interpolation: str = setting("linear", Choice(sorted(DEGREES)), "W's interpolation: linear (2 non-zeros per row) or cubic (4)")
+    path: str = setting("auto", Choice(PATHS), "W A W^T x by dense matmuls or sparse O(n) kernels; auto picks by length")
+    gain: float = setting(8.0, Number(0, open_minimum=True), "step-size multiplier of the knot values and band taps (stored divided by it)")
+    max_spacing: float | None = setting(
+        None, Number(1, optional=True), "largest gap between inducing points in tokens: r = max(rank, ceil((n - 1) / max_spacing) + 1)"
+    )
+
+
 @register_mixer("ski_tno")
 class SkiTno(ToeplitzStreaming, Mixer):
     """Sparse + low-rank Toeplitz neural operator (name ``ski_tno``)."""
 
+    options_type = SkiTnoOptions
     no_weight_decay = ("band",)
 
-    def __init__(
-        self,
-        dim: int,
-        causal: bool = False,
-        *,
-        filter_size: int = 32,
-        rank: int = 64,
-        decay: float = 0.99,
-        knots: int = 32,
-        interpolation: str = "linear",
-        path: str = "auto",
-        gain: float = 8.0,
-        max_spacing: float | None = None,
-    ):
-        super().__init__(dim, causal)
-        check_int(filter_size, "filter_size")
-        self.rank = check_int(rank, "rank", minimum=2)
-        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < decay < 1.0:
-            raise ValueError(f"decay must be a number in (0, 1) (the inverse time warp's base), got {decay!r}")
-        if path not in PATHS:
-            raise ValueError(f"path must be one of {list(PATHS)}, got {path!r}")
-        self.decay, self.path = float(decay), path
-        self.degree = check_interpolation(interpolation)
-        self.interpolation = interpolation
-        self.filter_size = filter_size | 1  # odd, so a centred band covers lags -(m-1)/2 ... (m-1)/2
+    def __init__(self, dim: int, causal: bool = False, **options):
+        super().__init__(dim, causal, **options)
+        o = self.options
+        self.rank, self.decay, self.path, self.interpolation = o.rank, o.decay, o.path, o.interpolation
+        self.degree = check_interpolation(o.interpolation)
+        self.filter_size = o.filter_size | 1  # odd, so a centred band covers lags -(m-1)/2 ... (m-1)/2
         self.min_lag = 0 if causal else -(self.filter_size // 2)
-        if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not gain > 0:
-            raise ValueError(f"gain must be a positive number, got {gain!r}")
-        self.gain = float(gain)
-        if max_spacing is not None and (isinstance(max_spacing, bool) or not isinstance(max_spacing, (int, float)) or not max_spacing >= 1):
-            raise ValueError(f"max_spacing must be a number >= 1 (tokens between inducing points) or None, got {max_spacing!r}")
-        self.max_spacing = max_spacing
-        self.rpe = PiecewiseLinearEncoder(dim, knots, self.gain)
+        self.gain, self.max_spacing = o.gain, o.max_spacing
+        self.rpe = PiecewiseLinearEncoder(dim, o.knots, self.gain)
         bound = self.filter_size**-0.5 / self.gain  # taps = gain * parameters, uniform in +-1/sqrt(m) at init
         self.band = nn.Parameter(torch.empty(dim, self.filter_size).uniform_(-bound, bound))
         self._by_length = Cache(size=24)  # parameter-free: interpolation weights and basis spectra by length

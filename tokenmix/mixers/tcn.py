@@ -20,8 +20,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..ops.activations import get_activation
+from ..fields import Choice, Integer, setting
+from ..ops.activations import ACTIVATIONS, get_activation
 from ..ops.dilated import causal_dilated_chunk, dilated_conv
+from ..options import Options
 from ..state import StreamState
 from ..validation import check_int
 from .base import PADDING_SIDES, Mixer, zero_padding
@@ -61,36 +63,36 @@ class TcnState(StreamState):
     limit: int | None = None
 
 
+@dataclass
+class TcnOptions(Options):
+    kernel_size: int = setting(5, Integer(1), "taps K of each depthwise dilated convolution")
+    dilation_factor: int | str = setting(
+        4, Integer(1, words=("auto",)), 'f: block i dilates by f^i; "auto" grows f with each input until the receptive field covers it'
+    )
+    depth: int = setting(4, Integer(1), "residual blocks D")
+    convs_per_block: int = setting(1, Integer(1), "B convolutions per block (the paper's choice is 1)")
+    receptive_field: int | None = setting(None, Integer(1, optional=True), "fix f as the smallest factor reaching this many tokens")
+    activation: str = setting("gelu", Choice(sorted(ACTIVATIONS)), "after each convolution (identity strips it)")
+
+
 @register_mixer("tcn")
 class Tcn(Mixer):
     """Dilated depthwise TCN (name ``tcn``); see the module docstring for the options."""
 
+    options_type = TcnOptions
     no_weight_decay = ("taps", "bias")
     bounded_state = True  # the receptive field's last inputs per layer
     channel_independent = True
 
-    def __init__(
-        self,
-        dim: int,
-        causal: bool = False,
-        *,
-        kernel_size: int = 5,
-        dilation_factor: int | str = 4,
-        depth: int = 4,
-        convs_per_block: int = 1,
-        receptive_field: int | None = None,
-        activation: str = "gelu",
-    ):
-        super().__init__(dim, causal)
-        self.kernel_size = check_int(kernel_size, "kernel_size")
-        self.depth = check_int(depth, "depth")
-        self.convs_per_block = check_int(convs_per_block, "convs_per_block")
-        if receptive_field is not None:
-            dilation_factor = dilation_for(receptive_field, kernel_size, depth, convs_per_block)
-        elif dilation_factor != "auto":
-            check_int(dilation_factor, "dilation_factor (or 'auto')")
+    def __init__(self, dim: int, causal: bool = False, **options):
+        super().__init__(dim, causal, **options)
+        kernel_size, depth, convs_per_block = self.options.kernel_size, self.options.depth, self.options.convs_per_block
+        self.kernel_size, self.depth, self.convs_per_block = kernel_size, depth, convs_per_block
+        dilation_factor = self.options.dilation_factor
+        if self.options.receptive_field is not None:
+            dilation_factor = dilation_for(self.options.receptive_field, kernel_size, depth, convs_per_block)
         self.dilation_factor = dilation_factor
-        self.act = get_activation(activation)
+        self.act = get_activation(self.options.activation)
         self.min_lag = 0 if self.causal else -(kernel_size // 2)
         convs = depth * convs_per_block
         bound = 1.0 / math.sqrt(kernel_size)  # PyTorch's conv default: fan-in K per channel

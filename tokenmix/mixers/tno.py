@@ -15,15 +15,19 @@ Without autograd the spectrum is cached until the weights or the length change (
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
+from ..fields import Flag, Number, setting
 from ..ops.fft import fast_fft_size
 from ..ops.toeplitz import complex_readout, factored_spectral_matvec, spectral_matvec, toeplitz_spectrum
+from ..options import Options
 from .base import PADDING_SIDES, Mixer, ToeplitzOperator
 from .cache import Cache
 from .registry import register_mixer
-from .rpe import RelativePositionEncoder
+from .rpe import RelativePositionEncoder, RpeOptions
 from .toeplitz_stream import ToeplitzStreaming
 
 
@@ -66,31 +70,34 @@ def cached_or_factored_matvec(cache: Cache, module: nn.Module, x: torch.Tensor, 
     return spectral_matvec(x, cache.get(n, lambda: complex_readout(*factors()), weights=module), fft_size)
 
 
+@dataclass
+class DecayOptions(Options):
+    decay: float = setting(0.99, Number(0, 1, open_minimum=True), "exponential decay bias lambda^|k| on the kernel; 1.0 turns it off")
+    learnable_decay: bool = setting(False, Flag(), "learn lambda = decay + (1 - decay) sigmoid(p) instead")
+
+
+@dataclass
+class TnoOptions(DecayOptions, RpeOptions):
+    factored: bool = setting(
+        True, Flag(), "transform rpe_dim + 1 feature columns, not the d-channel kernel; false runs the paper's own algorithm (slower)"
+    )
+
+
 @register_mixer("tno")
 class Tno(ToeplitzStreaming, ToeplitzOperator, Mixer):
     """Toeplitz neural operator mixer (name ``tno``)."""
 
+    options_type = TnoOptions
+
     fft_based = True  # benchmarks compare it with a bare rfft + irfft round trip
     padding_invariant_sides = PADDING_SIDES  # t_k depends on the lag k only
 
-    def __init__(
-        self,
-        dim: int,
-        causal: bool = False,
-        *,
-        rpe_dim: int = 64,
-        rpe_layers: int = 3,
-        activation: str = "relu",
-        decay: float = 0.99,
-        learnable_decay: bool = False,
-        factored: bool = True,
-    ):
-        super().__init__(dim, causal)
-        if not isinstance(factored, bool):
-            raise ValueError(f"factored must be true or false, got {factored!r}")
-        self.factored = factored
-        self.rpe = RelativePositionEncoder(dim, rpe_dim, rpe_layers, activation)
-        self.decay = ExponentialDecay(decay, learnable_decay)
+    def __init__(self, dim: int, causal: bool = False, **options):
+        super().__init__(dim, causal, **options)
+        o = self.options
+        self.factored = o.factored
+        self.rpe = RelativePositionEncoder(dim, o.rpe_dim, o.rpe_layers, o.activation)
+        self.decay = ExponentialDecay(o.decay, o.learnable_decay)
         self._cache = Cache()
 
     def kernel(self, n: int) -> torch.Tensor:

@@ -21,29 +21,32 @@ Bidirectional only: there is no causal order on a grid.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from ..fields import Choice, Pair, setting
 from ..ops.toeplitz import complex_readout
 from ..ops.toeplitz2d import fft_grid, naive_toeplitz2d_matrix, near_square_grid, spectral_matvec2d, toeplitz2d_spectrum
-from ..options import merge_options
+from ..options import Options, merge_options
 from .base import Mixer
 from .cache import Cache
 from .registry import build_mixer, list_mixers, mixer_class, register_mixer
-from .rpe import RelativePositionEncoder
-from .tno import ExponentialDecay, relative_lags
+from .rpe import RelativePositionEncoder, RpeOptions
+from .tno import DecayOptions, ExponentialDecay, relative_lags
+
+GRID = Pair("H, W")
 
 
 def check_grid(grid) -> list[int] | None:
     """None, or [H, W] from two positive integers (a tuple, or the list a JSON config holds)."""
-    if grid is None:
-        return None
-    valid = isinstance(grid, Sequence) and not isinstance(grid, str) and len(grid) == 2
-    if not valid or any(isinstance(size, bool) or not isinstance(size, int) or size < 1 for size in grid):
-        raise ValueError(f"grid must be None or two positive integers (H, W), got {grid!r}")
-    return [int(size) for size in grid]
+    return GRID.check(grid, "grid")
+
+
+@dataclass
+class GridOptions(Options):
+    grid: list[int] | None = setting(None, GRID, "[H, W] of the token grid; none: the most square grid of the length")
 
 
 class GridMixer(Mixer):
@@ -53,18 +56,11 @@ class GridMixer(Mixer):
     token_axes = 2
     channelwise_linear = True  # separable2d: as its axis mixers are
 
-    def __init__(self, dim: int, causal: bool, grid):
+    def __init__(self, dim: int, causal: bool, **options):
         if causal:
             raise ValueError(f"{type(self).__name__} mixes a 2-D grid in every direction and has no causal mode: use causal=False")
-        super().__init__(dim, causal)
-        self.grid = check_grid(grid)
-
-    @classmethod
-    def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:
-        """The constructor's options with ``grid`` as a JSON config holds it ([H, W] or None)."""
-        own, rest = super().resolve_options(options, dim)
-        own["grid"] = check_grid(own["grid"])
-        return own, rest
+        super().__init__(dim, causal, **options)
+        self.grid = self.options.grid
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, *, grid=None) -> torch.Tensor:
         """``grid``: (H, W) for this call instead of the module's own."""
@@ -104,27 +100,23 @@ class GridMixer(Mixer):
         return f"dim={self.dim}, grid={self.grid}"
 
 
+@dataclass
+class Tno2dOptions(DecayOptions, RpeOptions, GridOptions):
+    pass
+
+
 @register_mixer("tno2d")
 class Tno2d(GridMixer):
     """TNN's 2-D Toeplitz neural operator (name ``tno2d``)."""
 
+    options_type = Tno2dOptions
     fft_based = True
 
-    def __init__(
-        self,
-        dim: int,
-        causal: bool = False,
-        *,
-        grid: Sequence[int] | None = None,
-        rpe_dim: int = 64,
-        rpe_layers: int = 3,
-        activation: str = "relu",
-        decay: float = 0.99,
-        learnable_decay: bool = False,
-    ):
-        super().__init__(dim, causal, grid)
-        self.rpe = RelativePositionEncoder(dim, rpe_dim, rpe_layers, activation, in_features=2)
-        self.decay = ExponentialDecay(decay, learnable_decay)
+    def __init__(self, dim: int, causal: bool = False, **options):
+        super().__init__(dim, causal, **options)
+        o = self.options
+        self.rpe = RelativePositionEncoder(dim, o.rpe_dim, o.rpe_layers, o.activation, in_features=2)
+        self.decay = ExponentialDecay(o.decay, o.learnable_decay)
         self._cache = Cache()
 
     def offsets(self, grid: tuple[int, int]) -> torch.Tensor:
@@ -179,21 +171,29 @@ def axis_matrix(mixer: Mixer, n: int, channels: slice) -> torch.Tensor:
     return responses.permute(2, 1, 0)[channels]
 
 
+@dataclass
+class Separable2dOptions(GridOptions):
+    axis_mixer: str = setting("tno", Choice(axis_mixers), "the 1-D mixer run along rows and columns (its options are separable2d's too)")
+
+
 @register_mixer("separable2d")
 class Separable2d(GridMixer):
     """A 1-D Toeplitz mixer along the rows, then one along the columns (name ``separable2d``)."""
 
-    def __init__(self, dim: int, causal: bool = False, *, grid: Sequence[int] | None = None, axis_mixer: str = "tno", **axis_options):
-        super().__init__(dim, causal, grid)
-        self.axis_mixer = check_axis_mixer(axis_mixer)
-        self.rows = build_mixer(axis_mixer, dim, False, **axis_options)  # mixes each row: W tokens
-        self.columns = build_mixer(axis_mixer, dim, False, **axis_options)  # mixes each column: H tokens
+    options_type = Separable2dOptions
+
+    def __init__(self, dim: int, causal: bool = False, **options):
+        own, axis_options = self.options_type.take(options)
+        super().__init__(dim, causal, **own.as_dict())
+        self.axis_mixer = own.axis_mixer
+        self.rows = build_mixer(own.axis_mixer, dim, False, **axis_options)  # mixes each row: W tokens
+        self.columns = build_mixer(own.axis_mixer, dim, False, **axis_options)  # mixes each column: H tokens
 
     @classmethod
     def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:
         """``grid``, ``axis_mixer`` and every option of the axis mixer, defaults filled in."""
         own, rest = super().resolve_options(options, dim)
-        axis_options, unknown = mixer_class(check_axis_mixer(own["axis_mixer"])).resolve_options(rest, dim)
+        axis_options, unknown = mixer_class(own["axis_mixer"]).resolve_options(rest, dim)
         return merge_options(own, axis_options, f"separable2d with axis_mixer {own['axis_mixer']!r}"), unknown
 
     def mix_grid(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
