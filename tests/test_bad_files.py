@@ -521,7 +521,9 @@ MODEL_CONFIG_KEYS = (
     "tokenmix_version",
 )
 MODEL_CONFIG = {
-    **json_variants(keys=(*MODEL_CONFIG_KEYS, "options.rpe_dim", "options.activation", "options.decay"), missing=MODEL_CONFIG_KEYS),
+    **json_variants(
+        keys=(*MODEL_CONFIG_KEYS, "options.mixer.rpe_dim", "options.mixer.activation", "options.mixer.decay"), missing=MODEL_CONFIG_KEYS
+    ),
     **json_edits(
         {
             "an unknown option": set_at("options", lambda options: {**options, "surprise": 1}),

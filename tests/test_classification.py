@@ -146,5 +146,5 @@ def test_pixel_tasks_give_their_grid_to_2d_mixers():
     fields = objective_for(data, "classify").model_fields()
     assert fields["grid"] == (6, 6)
     config = TrainConfig(model="tnn2d", task="classify", data="shapes").model_config(fields)
-    assert config.options["grid"] == [6, 6]
-    assert "grid" not in TrainConfig(model="tnn", task="classify", data="shapes").model_config(fields).options
+    assert config.options["mixer"]["grid"] == [6, 6]
+    assert "grid" not in TrainConfig(model="tnn", task="classify", data="shapes").model_config(fields).options["mixer"]

@@ -16,8 +16,9 @@ from tokenmix.models import FORMAT_VERSION, ModelConfig
 
 def test_config_records_every_default_of_every_block_and_mixer():
     config = tokenmix.build_model("ski_tnn", vocab_size=10, dim=8, depth=1, rank=16).config
-    assert config.options["rank"] == 16  # given
-    assert config.options["gain"] == 8.0 and config.options["decay"] == 0.99  # mixer defaults
+    mixer = config.options["mixer"]
+    assert mixer["rank"] == 16  # given
+    assert mixer["name"] == "ski_tno" and mixer["gain"] == 8.0 and mixer["decay"] == 0.99  # mixer defaults
     assert config.options["expand"] == 3 and config.options["glu_activation"] == "silu"  # block defaults
     data = json.loads(config.to_json())
     assert data["format_version"] == FORMAT_VERSION and data["tokenmix_version"] == tokenmix.__version__
@@ -36,7 +37,7 @@ def test_a_saved_model_survives_a_default_change(tmp_path, monkeypatch):
         gain: float = setting(1.0, Number(0, open_minimum=True), "the old default")
 
     monkeypatch.setattr(SkiTno, "options_type", OldDefaults)
-    assert tokenmix.build_model("ski_tnn", vocab_size=10, dim=8, depth=1).config.options["gain"] == 1.0
+    assert tokenmix.build_model("ski_tnn", vocab_size=10, dim=8, depth=1).config.options["mixer"]["gain"] == 1.0
     torch.testing.assert_close(tokenmix.from_pretrained(tmp_path).eval()(tokens), expected, rtol=0, atol=0)
 
 
@@ -62,7 +63,7 @@ def test_format_1_configs_load_with_a_warning():
     legacy = {"name": "tnn", "task": "lm", "vocab_size": 10, "dim": 8, "depth": 1, "num_classes": None, "options": {"decay": 0.9}}
     with pytest.warns(UserWarning, match="predates"):
         config = ModelConfig.from_dict(legacy)
-    assert config.options["decay"] == 0.9 and config.options["rpe_dim"] == 64
+    assert config.options["mixer"]["decay"] == 0.9 and config.options["mixer"]["rpe_dim"] == 64
 
 
 def test_from_pretrained_honours_device_and_dtype(tmp_path):
@@ -92,22 +93,40 @@ def test_saved_files_get_the_default_mode(tmp_path):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~mask, name
 
 
-def test_the_tcn_depth_option_is_recorded_once():
-    """A model's depth counts its layers; the TCN's own depth is its tcn_depth (MEGA-style blocks) or depth (in a GTU)."""
-    assert ModelConfig("tcnca", options={"depth": 3}).options["tcn_depth"] == 3
+def test_the_tcn_depth_option_is_spelled_depth_wherever_the_tcn_is():
+    """A model's depth counts its layers; a TCN's own depth is the ``depth`` of its part, set flat or by its path."""
+    assert ModelConfig("tcnca", options={"depth": 3}).options["sequence_mixer"]["depth"] == 3
+    assert ModelConfig("tcnca", options={"sequence_mixer.depth": 3}).options["sequence_mixer"]["depth"] == 3
+    assert ModelConfig("tcnca_simple", options={"depth": 3}).options["tcn"]["depth"] == 3
     config = ModelConfig("tnn", depth=2, options={"mixer": "tcn", "depth": 3})
-    assert config.depth == 2 and config.options["depth"] == 3
+    assert config.depth == 2 and config.options["mixer"]["depth"] == 3
     with pytest.raises(ValueError, match="unknown option 'depth' for model 'tnn'"):
         ModelConfig("tnn", options={"depth": 3})
+    legacy = ModelConfig("tcnca").to_dict()
+    legacy.update(format_version=4, options={"sequence_mixer": "tcn", "tcn_depth": 2})
+    assert ModelConfig.from_dict(legacy).options["sequence_mixer"]["depth"] == 2
+
+
+def test_options_given_flat_by_path_or_nested_resolve_alike():
+    """A flat name reaches every part that declares it (``dropout``); a dotted path or a nested dict one part only."""
+    flat = ModelConfig("transformer_xl", options={"dropout": 0.1, "heads": 2})
+    assert flat.options["dropout"] == flat.options["mixer"]["dropout"] == 0.1 and flat.options["mixer"]["heads"] == 2
+    dotted = ModelConfig("transformer_xl", options={"dropout": 0.1, "mixer.dropout": 0.0})
+    assert dotted.options["dropout"] == 0.1 and dotted.options["mixer"]["dropout"] == 0.0
+    assert ModelConfig("transformer_xl", options=dotted.options).options == dotted.options
+    with pytest.raises(ValueError, match="unknown option 'window' for mixer.*relative_attention"):
+        ModelConfig("transformer_xl", options={"mixer.window": 8})
+    with pytest.raises(ValueError, match="sequence_mixer must be one of"):
+        ModelConfig("mega", options={"sequence_mixer": "tno2d"})
 
 
 def test_derived_defaults_are_recorded_as_numbers(tmp_path, monkeypatch):
     """heads=None means "the most heads up to 4 that fit the width": the saved config holds the number."""
     model = tokenmix.build_model("tnn", vocab_size=10, dim=8, depth=1, mixer="attention").eval()
-    assert model.config.options["heads"] == 4 and model.config.options["max_distance"] == 1024
+    assert model.config.options["mixer"]["heads"] == 4 and model.config.options["mixer"]["max_distance"] == 1024
     model.save_pretrained(tmp_path)
     monkeypatch.setattr("tokenmix.mixers.attention.default_heads", lambda dim, position: 1)
-    assert tokenmix.build_model("tnn", vocab_size=10, dim=8, depth=1, mixer="attention").config.options["heads"] == 1
+    assert tokenmix.build_model("tnn", vocab_size=10, dim=8, depth=1, mixer="attention").config.options["mixer"]["heads"] == 1
     loaded = tokenmix.from_pretrained(tmp_path).eval()
     assert loaded.blocks[0].token_mixing.mixer.heads == 4
     tokens = torch.randint(0, 10, (1, 9))

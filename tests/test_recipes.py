@@ -8,6 +8,7 @@ from tokenmix.cli.recipes import recipe_flags
 from tokenmix.cli.train import train_config_from_args
 from tokenmix.data.examples import ClassificationData, Examples
 from tokenmix.data.sources import source_kind
+from tokenmix.mixers.parts import find_option
 from tokenmix.models.model import SequenceModel
 from tokenmix.train.config import TrainConfig
 from tokenmix.train.objectives import objective_for
@@ -46,9 +47,10 @@ def test_every_recipe_resolves_to_a_model(name):
     model_config = config.model_config(data_fields(config.data, config.tokenizer))  # every option checked and resolved
     assert config.recipe == name and model_config.name == settings["model"]
     for key, value in settings.get("options", {}).items():
-        assert model_config.options[key] == value, key
-    if "grid" in model_config.options:
-        assert tuple(model_config.options["grid"]) == data_fields(config.data)["grid"]
+        found = find_option(model_config.options, key)
+        assert found and all(setting == value for setting in found), key
+    for grid in find_option(model_config.options, "grid"):
+        assert tuple(grid) == data_fields(config.data)["grid"]
     assert recipe(name).source and recipe(name).description
     with torch.device("meta"):  # the full-size model is built (every constructor's checks run) without memory
         assert SequenceModel(model_config).num_parameters() > 0

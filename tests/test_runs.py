@@ -214,7 +214,7 @@ def test_a_resume_rebuilds_the_saved_model_after_a_default_changed(text_file, tm
     Trainer(tiny(text_file, tmp_path / "r", steps=2), progress=False).run()
     monkeypatch.setattr(Tno, "options_type", NewDefaults)
     resumed = Trainer(tiny(text_file, tmp_path / "r", steps=3), resume=True, progress=False)
-    assert resumed.model.config.options["decay"] == 0.99
+    assert resumed.model.config.options["mixer"]["decay"] == 0.99
     resumed.run()
     assert load_checkpoint(tmp_path / "r")["step"] == 3
 

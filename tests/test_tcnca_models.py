@@ -134,7 +134,7 @@ def test_bad_options_raise_value_error(name, options, argument):
     ("name", "options", "argument"),
     [
         ("mega", {"sequence_mixer": "lstm"}, "sequence_mixer"),
-        ("mega", {"sequence_mixer": "attention"}, "sequence_mixer"),  # its chunk_size and position would clash with the block's
+        ("mega", {"sequence_mixer": "tno2d"}, "sequence_mixer"),  # mixes a grid, not a sequence
         ("mega", {"tcn_depth": 3}, "tcn_depth"),
         ("mega", {"z_dim": 0}, "z_dim"),
         ("tcnca", {"kernel_size": -1}, "kernel_size"),
@@ -149,7 +149,7 @@ def test_bad_model_options_raise_value_error(name, options, argument):
 
 def test_tcnca_is_the_mega_block_with_a_tcn():
     mega = tokenmix.build_model("mega", vocab_size=10, dim=16, depth=1)
-    tcnca = tokenmix.build_model("tcnca", vocab_size=10, dim=16, depth=1, tcn_depth=3, kernel_size=3)
+    tcnca = tokenmix.build_model("tcnca", vocab_size=10, dim=16, depth=1, kernel_size=3, **{"sequence_mixer.depth": 3})
     assert type(mega.blocks[0]) is type(tcnca.blocks[0])
     assert type(mega.blocks[0].sequence).__name__ == "Ema" and type(tcnca.blocks[0].sequence).__name__ == "Tcn"
     assert tcnca.blocks[0].sequence.depth == 3

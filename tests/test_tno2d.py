@@ -220,7 +220,8 @@ def test_separable2d_with_padding_and_a_near_square_grid():
 
 def test_separable2d_records_every_option_of_its_axis_mixer():
     resolved = resolve_mixer_options("separable2d", {"axis_mixer": "ski_tno", "rank": 32, "filter_size": 16}, 8)
-    assert resolved == {**resolve_mixer_options("ski_tno", {"rank": 32, "filter_size": 16}, 8), "grid": None, "axis_mixer": "ski_tno"}
+    axis = {"name": "ski_tno", **resolve_mixer_options("ski_tno", {"rank": 32, "filter_size": 16}, 8)}
+    assert resolved == {"grid": None, "axis_mixer": axis}
     with pytest.raises(ValueError, match="axis_mixer must be one of"):
         tokenmix.build_mixer("separable2d", 4, axis_mixer="attention")
     with pytest.raises(ValueError, match="unknown option 'rank'"):
@@ -241,7 +242,7 @@ def test_tnn2d_classifies_a_32x32_grid_and_trains():
 
 def test_tnn2d_config_survives_json_and_equals_tnn_with_tno2d(tmp_path):
     config = tokenmix.build_model("tnn2d", task="classify", vocab_size=256, num_classes=10, grid=(32, 32), dim=8, depth=1).config
-    assert config.options["grid"] == [32, 32] and config.options["mixer"] == "tno2d"
+    assert config.options["mixer"]["grid"] == [32, 32] and config.options["mixer"]["name"] == "tno2d"
     assert ModelConfig.from_dict(json.loads(config.to_json())) == config
     via_tnn = tokenmix.build_model("tnn", task="classify", vocab_size=256, num_classes=10, mixer="tno2d", grid=(32, 32), dim=8, depth=1)
     assert via_tnn.config.options == config.options

@@ -131,7 +131,7 @@ def test_cli_train_eval_generate(text_file, tmp_path, capsys):
     assert main(["train", *common, "--steps", "3", "--out", str(out), "--sample-tokens", "8", "-o", "rpe_dim=8", "-o", "decay=1.0"]) == 0
     printed = capsys.readouterr().out
     assert "validation: loss" in printed and "sample:" in printed and "s/step" in printed
-    assert load_checkpoint(out)["model_config"]["options"]["decay"] == 1.0
+    assert load_checkpoint(out)["model_config"]["options"]["mixer"]["decay"] == 1.0
     report = tmp_path / "eval.json"
     assert main(["eval", str(out), "--lengths", "16,64", "--json", str(report)]) == 0
     results = json.loads(report.read_text())["results"]

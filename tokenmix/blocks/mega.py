@@ -14,93 +14,71 @@ followed by the normalized FFN x + FFN(LayerNorm(x)) with SiLU.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..mixers.attention import AttentionCore, RelativePosition, relative_reach
-from ..mixers.registry import build_mixer, list_mixers, mixer_class, option_names
-from ..options import Configurable, merge_options, take_options
-from ..validation import check_int
+from ..fields import Choice, Integer, Number, setting
+from ..mixers.attention import POSITIONS, AttentionCore, RelativePosition, relative_reach
+from ..mixers.parts import Configurable, Part
+from ..mixers.registry import list_mixers, mixer_class
+from ..options import Options, dropout_setting
 from .ffn import Ffn
 from .streaming import StreamingBlock
 
 
 def sequence_mixers() -> list[str]:
-    """The registered mixers a block can run as its sequence mixer (MEGA's ``ema``, TCNCA's ``tcn``): those
-    over a sequence whose options share no name with the block's own (both live in one namespace)."""
-    own = set(take_options(MegaBlock.__init__, {})[0])
-    return [name for name in list_mixers() if mixer_class(name).token_axes == 1 and not own & option_names(name)]
+    """The registered mixers a block can run as its sequence mixer (MEGA's ``ema``, TCNCA's ``tcn``): those over a sequence."""
+    return [name for name in list_mixers() if mixer_class(name).token_axes == 1]
 
 
-def check_sequence_mixer(name) -> str:
-    if name not in sequence_mixers():
-        raise ValueError(f"sequence_mixer must be one of {sequence_mixers()}, got {name!r}")
-    return name
+@dataclass
+class MegaOptions(Options):
+    z_dim: int = setting(64, Integer(1), "width z of the shared query and key")
+    v_expand: int = setting(2, Integer(1), "value width factor: values have v_expand * dim channels")
+    chunk_size: int | None = setting(128, Integer(1, optional=True), "attention within blocks of this many tokens; null: full attention")
+    position: str = setting("rotary", Choice(POSITIONS), "rotary, bias (a learned scalar per offset) or none")
+    max_distance: int | None = setting(
+        None, Integer(1, optional=True), "offsets of the learned bias beyond this share one value (null: the chunk, else 1024)"
+    )
+    ffn_expand: float = setting(2, Number(0, open_minimum=True), "width factor of the normalized SiLU FFN")
+    dropout: float = dropout_setting()
 
-
-def sequence_options(sequence_mixer: str, tcn_depth: int | None, options: dict) -> dict:
-    """The sequence mixer's options; ``tcn_depth`` becomes the TCN's ``depth`` (a model's depth is its layer count)."""
-    if tcn_depth is None:
-        return options
-    if sequence_mixer != "tcn":
-        raise ValueError(f"tcn_depth applies to a tcn sequence mixer, not {sequence_mixer!r}")
-    return {**options, "depth": tcn_depth}
-
-
-def resolve_with_sequence_mixer(own: dict, rest: dict, sequence_mixer: str, dim: int) -> tuple[dict, dict]:
-    """A block's own options plus its sequence mixer's, the TCN's ``depth`` recorded as ``tcn_depth``
-    and the attention's bias reach pinned (``relative_reach``)."""
-    own = {**own, "max_distance": relative_reach(own["max_distance"], own["chunk_size"])}
-    mixer_options, unknown = mixer_class(sequence_mixer).resolve_options(sequence_options(sequence_mixer, own["tcn_depth"], rest), dim)
-    if sequence_mixer == "tcn":
-        own = {**own, "tcn_depth": mixer_options.pop("depth")}
-    return merge_options(own, mixer_options, f"the block with sequence mixer {sequence_mixer!r}"), unknown
+    def pinned(self, dim: int) -> MegaOptions:
+        return replace(self, max_distance=relative_reach(self.max_distance, self.chunk_size))
 
 
 class MegaBlock(StreamingBlock, Configurable, nn.Module):
+    """MEGA's block around any ``sequence_mixer`` over a sequence (``ema`` in MEGA, ``tcn`` in TCNCA)."""
+
+    options_type = MegaOptions
     no_weight_decay = ("qk_scale", "qk_offset")
 
-    def __init__(
-        self,
-        dim: int,
-        causal: bool,
-        sequence_mixer: str = "ema",
-        z_dim: int = 64,
-        v_expand: int = 2,
-        chunk_size: int | None = 128,
-        position: str = "rotary",
-        max_distance: int | None = None,
-        ffn_expand: float = 2,
-        dropout: float = 0.0,
-        tcn_depth: int | None = None,
-        **mixer_options,
-    ):
+    @classmethod
+    def parts(cls) -> list[Part]:
+        return [Part("sequence_mixer", "ema", sequence_mixers)]
+
+    def __init__(self, dim: int, causal: bool, **options):
         super().__init__()
-        check_sequence_mixer(sequence_mixer)
-        self.z_dim = check_int(z_dim, "z_dim")
-        self.hidden = check_int(v_expand, "v_expand") * dim
-        if chunk_size is not None:
-            check_int(chunk_size, "chunk_size")
+        self.configure(options, dim)
+        o = self.options
+        if o.position == "rotary" and o.z_dim % 2:
+            raise ValueError(f"position='rotary' needs an even z_dim, got {o.z_dim}")
+        self.z_dim, self.hidden = o.z_dim, o.v_expand * dim
         self.norm = nn.LayerNorm(dim)
         self.value = nn.Linear(dim, self.hidden)
-        self.sequence = build_mixer(sequence_mixer, dim, causal, **sequence_options(sequence_mixer, tcn_depth, mixer_options))
-        self.gates = nn.Linear(dim, dim + z_dim + self.hidden + dim)  # u, z, r, h_x
-        self.qk_scale = nn.Parameter(torch.randn(2, z_dim) * 0.02)
-        self.qk_offset = nn.Parameter(torch.zeros(2, z_dim))
-        self.position = RelativePosition(position, relative_reach(max_distance, chunk_size))
-        if position == "rotary" and z_dim % 2:
-            raise ValueError(f"position='rotary' needs an even z_dim, got {z_dim}")
+        self.sequence = self.build_part("sequence_mixer", dim, causal)
+        self.gates = nn.Linear(dim, dim + o.z_dim + self.hidden + dim)  # u, z, r, h_x
+        self.qk_scale = nn.Parameter(torch.randn(2, o.z_dim) * 0.02)
+        self.qk_offset = nn.Parameter(torch.zeros(2, o.z_dim))
+        self.position = RelativePosition(o.position, o.max_distance)
         self.hidden_out = nn.Linear(self.hidden, dim)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(o.dropout)
         self.ffn_norm = nn.LayerNorm(dim)
-        self.ffn = Ffn(dim, ffn_expand, "silu", dropout)
-        self.attention = AttentionCore(self.position, chunk_size, causal, 1, z_dim, self.hidden)  # one head
-
-    @classmethod
-    def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:
-        own, rest = take_options(cls.__init__, options)
-        return resolve_with_sequence_mixer(own, rest, check_sequence_mixer(own["sequence_mixer"]), dim)
+        self.ffn = Ffn(dim, o.ffn_expand, "silu", o.dropout)
+        self.attention = AttentionCore(self.position, o.chunk_size, causal, 1, o.z_dim, self.hidden)  # one head
 
     def stream_parts(self) -> list:
         return [self.sequence, self.attention]

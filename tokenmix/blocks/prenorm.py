@@ -8,25 +8,31 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-from ..mixers.attention import relative_reach
-from ..mixers.registry import build_mixer
-from ..options import Configurable, take_options
+from ..fields import Number, setting
+from ..mixers.parts import Configurable, Part
+from ..options import Options, dropout_setting
 from .ffn import Ffn
-from .mega import resolve_with_sequence_mixer, sequence_options
 from .streaming import StreamingBlock
 
 
 class PreNormBlock(StreamingBlock, Configurable, nn.Module):
-    def __init__(self, dim: int, mixers: list[nn.Module], ffn_expand: float, ffn_activation: str, dropout: float):
+    """A pre-norm residual around each of its ``parts()``, in order, then around the FFN."""
+
+    ffn_activation = "gelu"
+
+    def __init__(self, dim: int, causal: bool, **options):
         super().__init__()
-        self.mixers = nn.ModuleList(mixers)
-        self.mixer_norms = nn.ModuleList(nn.LayerNorm(dim) for _ in mixers)
+        self.configure(options, dim)
+        self.mixers = nn.ModuleList(self.build_part(part.key, dim, causal) for part in self.parts())
+        self.mixer_norms = nn.ModuleList(nn.LayerNorm(dim) for _ in self.mixers)
         self.ffn_norm = nn.LayerNorm(dim)
-        self.ffn = Ffn(dim, ffn_expand, ffn_activation, dropout)
-        self.dropout = nn.Dropout(dropout)
+        self.ffn = Ffn(dim, self.options.ffn_expand, self.ffn_activation, self.options.dropout)
+        self.dropout = nn.Dropout(self.options.dropout)
 
     def stream_parts(self) -> list:
         return list(self.mixers)
@@ -37,48 +43,30 @@ class PreNormBlock(StreamingBlock, Configurable, nn.Module):
         return x + self.dropout(self.ffn(self.ffn_norm(x)))
 
 
+@dataclass
+class TransformerOptions(Options):
+    ffn_expand: float = setting(4, Number(0, open_minimum=True), "width factor of the GELU FFN")
+    dropout: float = dropout_setting()
+
+
 class TransformerBlock(PreNormBlock):
-    def __init__(
-        self,
-        dim: int,
-        causal: bool,
-        heads: int = 4,
-        chunk_size: int | None = None,
-        position: str = "rotary",
-        max_distance: int | None = None,
-        ffn_expand: float = 4,
-        dropout: float = 0.0,
-    ):
-        attention = build_mixer("attention", dim, causal, heads=heads, chunk_size=chunk_size, position=position, max_distance=max_distance)
-        super().__init__(dim, [attention], ffn_expand, "gelu", dropout)
+    options_type = TransformerOptions
 
     @classmethod
-    def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:
-        own, unknown = take_options(cls.__init__, options)
-        return {**own, "max_distance": relative_reach(own["max_distance"], own["chunk_size"])}, unknown
+    def parts(cls) -> list[Part]:
+        return [Part("attention", "attention")]
+
+
+@dataclass
+class TcncaSimpleOptions(Options):
+    ffn_expand: float = setting(2, Number(0, open_minimum=True), "width factor of the SiLU MLP")
+    dropout: float = dropout_setting()
 
 
 class TcncaSimpleBlock(PreNormBlock):
-    def __init__(
-        self,
-        dim: int,
-        causal: bool,
-        chunk_size: int = 128,
-        heads: int = 1,
-        position: str = "rotary",
-        max_distance: int | None = None,
-        ffn_expand: float = 2,
-        dropout: float = 0.0,
-        tcn_depth: int | None = None,
-        **tcn_options,
-    ):
-        tcn = build_mixer("tcn", dim, causal, **sequence_options("tcn", tcn_depth, tcn_options))
-        attention = build_mixer(
-            "chunked_attention", dim, causal, chunk_size=chunk_size, heads=heads, position=position, max_distance=max_distance
-        )
-        super().__init__(dim, [tcn, attention], ffn_expand, "silu", dropout)
+    options_type = TcncaSimpleOptions
+    ffn_activation = "silu"
 
     @classmethod
-    def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:
-        own, rest = take_options(cls.__init__, options)
-        return resolve_with_sequence_mixer(own, rest, "tcn", dim)
+    def parts(cls) -> list[Part]:
+        return [Part("tcn", "tcn"), Part("attention", "chunked_attention", defaults={"heads": 1})]

@@ -2,37 +2,47 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-from ..options import Configurable, merge_options, take_options
+from ..fields import Choice, Integer, Number, setting
+from ..mixers.parts import Configurable, Part
+from ..mixers.registry import list_mixers
+from ..ops.activations import ACTIVATIONS
+from ..options import Options, dropout_setting
 from .glu import Glu, Gtu
 from .streaming import StreamingBlock
 
 
+@dataclass
+class TnnOptions(Options):
+    expand: int = setting(3, Integer(1), "GTU width factor: its mixer works on expand * dim channels")
+    gtu_activation: str = setting("silu", Choice(sorted(ACTIVATIONS)), "activation of the GTU's gate and value")
+    glu_expand: float = setting(1.0, Number(0, open_minimum=True), "GLU width factor")
+    glu_activation: str = setting("silu", Choice(sorted(ACTIVATIONS)), "GLU activation")
+    dropout: float = dropout_setting()
+
+
 class TnnBlock(StreamingBlock, Configurable, nn.Module):
-    def __init__(
-        self,
-        dim: int,
-        causal: bool,
-        dropout: float = 0.0,
-        glu_expand: float = 1.0,
-        glu_activation: str = "silu",
-        **gtu_options,
-    ):
-        super().__init__()
-        self.token_norm = nn.LayerNorm(dim)
-        self.token_mixing = Gtu(dim, causal, dropout=dropout, **gtu_options)
-        self.channel_norm = nn.LayerNorm(dim)
-        self.channel_mixing = Glu(dim, glu_expand, glu_activation, dropout)
-        self.dropout = nn.Dropout(dropout)
+    """GTU around any registered ``mixer`` (``tno`` in TNN), then a GLU."""
+
+    options_type = TnnOptions
 
     @classmethod
-    def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:
-        """The block's options and its GTU's (which shares ``dropout``), defaults filled in."""
-        own, rest = take_options(cls.__init__, options)
-        gtu_options, unknown = Gtu.resolve_options({**rest, "dropout": own["dropout"]}, dim)
-        return merge_options(own, gtu_options, "the TNN block", shared=("dropout",)), unknown
+    def parts(cls) -> list[Part]:
+        return [Part("mixer", "tno", list_mixers, width=lambda own, dim: own.expand * dim)]
+
+    def __init__(self, dim: int, causal: bool, **options):
+        super().__init__()
+        self.configure(options, dim)
+        o = self.options
+        self.token_norm = nn.LayerNorm(dim)
+        self.token_mixing = Gtu(dim, self.build_part("mixer", o.expand * dim, causal), o.gtu_activation, o.dropout)
+        self.channel_norm = nn.LayerNorm(dim)
+        self.channel_mixing = Glu(dim, o.glu_expand, o.glu_activation, o.dropout)
+        self.dropout = nn.Dropout(o.dropout)
 
     def stream_parts(self) -> list:
         return [self.token_mixing]

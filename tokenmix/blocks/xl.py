@@ -15,9 +15,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..fields import Choice, Integer, Number, setting
 from ..mixers.base import check_sequence
-from ..mixers.registry import build_mixer, list_mixers, mixer_class, shared_options
-from ..options import Configurable, merge_options, take_options
+from ..mixers.parts import Configurable, Part
+from ..mixers.registry import list_mixers, mixer_class
+from ..options import Options, dropout_setting
 from ..state import StreamState, check_state
 from ..validation import check_int
 from .ffn import Ffn
@@ -26,12 +28,6 @@ from .ffn import Ffn
 def context_mixers() -> list[str]:
     """The registered mixers a Transformer-XL block can run: those that mix a segment with its memory (``mixes_context``)."""
     return [name for name in list_mixers() if mixer_class(name).mixes_context]
-
-
-def check_context_mixer(name) -> str:
-    if name not in context_mixers():
-        raise ValueError(f"mixer must be one of {context_mixers()}, got {name!r}")
-    return name
 
 
 @dataclass
@@ -48,51 +44,47 @@ class XlState(StreamState):
     segment_length: int | None = None
 
 
+@dataclass
+class XlOptions(Options):
+    memory_length: int = setting(512, Integer(0), "block inputs of earlier segments kept as memory (at least the mixer's reach behind)")
+    ffn_expand: float = setting(4, Number(0, open_minimum=True), "width factor of the GELU FFN")
+    dropout: float = dropout_setting()
+    segment_length: int | None = setting(
+        None, Integer(1, optional=True), "streams turn every this many tokens into memory, as training does (a run sets its --seq-len)"
+    )
+
+
 class XlBlock(Configurable, nn.Module):
-    """One Transformer-XL layer around a registered ``mixer`` that mixes a context (``context_mixers()``);
-    the mixer's options (``heads``, ``window``, ...) are the block's too, ``dropout`` shared.
+    """One Transformer-XL layer around a registered ``mixer`` that mixes a context (``context_mixers()``).
 
     ``segment_length`` S: streamed, every S tokens the segment becomes memory, as in training (runs
     record their ``--seq-len``); None: the whole stream is one segment. ``forward`` reads its input
     as one segment without memory."""
 
+    options_type = XlOptions
     recurrent = True
 
-    def __init__(
-        self,
-        dim: int,
-        causal: bool,
-        mixer: str = "relative_attention",
-        memory_length: int = 512,
-        ffn_expand: float = 4,
-        dropout: float = 0.0,
-        segment_length: int | None = None,
-        **mixer_options,
-    ):
+    @classmethod
+    def parts(cls) -> list[Part]:
+        return [Part("mixer", "relative_attention", context_mixers)]
+
+    def __init__(self, dim: int, causal: bool, **options):
         super().__init__()
         if not causal:
             raise ValueError("Transformer-XL blocks are causal: use them with task='lm'")
-        self.segment_length = None if segment_length is None else check_int(segment_length, "segment_length")
-        check_int(memory_length, "memory_length", minimum=0)
-        self.memory_length = memory_length
+        self.configure(options, dim)
+        self.segment_length, self.memory_length = self.options.segment_length, self.options.memory_length
         self.mixer_norm = nn.LayerNorm(dim)
-        self.mixer = build_mixer(check_context_mixer(mixer), dim, True, **mixer_options, **shared_options(mixer, dropout=dropout))
+        self.mixer = self.build_part("mixer", dim, True)
         reach = self.mixer.reach
-        if reach is not None and memory_length < reach[0]:
-            raise ValueError(f"memory_length={memory_length} must be >= the {reach[0]} tokens the {mixer} mixer sees before each one")
+        if reach is not None and self.memory_length < reach[0]:
+            name = self.part_options["mixer"]["name"]
+            raise ValueError(f"memory_length={self.memory_length} must be >= the {reach[0]} tokens the {name} mixer sees before each one")
         # FNetAR's unnormalized DFT sums (row 0 adds up W inputs) would swamp the pre-norm residual stream.
         self.mixed_norm = nn.LayerNorm(dim) if self.mixer.normalize_output else nn.Identity()
         self.ffn_norm = nn.LayerNorm(dim)
-        self.ffn = Ffn(dim, ffn_expand, "gelu", dropout)
-        self.dropout = nn.Dropout(dropout)
-
-    @classmethod
-    def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:
-        """The block's options and its mixer's, ``dropout`` passed on where the mixer takes it."""
-        own, rest = take_options(cls.__init__, options)
-        mixer = check_context_mixer(own["mixer"])
-        mixer_options, unknown = mixer_class(mixer).resolve_options({**rest, **shared_options(mixer, dropout=own["dropout"])}, dim)
-        return merge_options(own, mixer_options, f"the Transformer-XL block with mixer {mixer!r}", shared=("dropout",)), unknown
+        self.ffn = Ffn(dim, self.options.ffn_expand, "gelu", self.options.dropout)
+        self.dropout = nn.Dropout(self.options.dropout)
 
     @property
     def padding_invariant_sides(self) -> tuple[str, ...]:
@@ -161,35 +153,34 @@ def fourier_layer_indices(depth: int, count: int, placement: str) -> set[int]:
     return {depth - 1 - int(i * spacing) for i in range(count)}
 
 
-class FourierXlStack:
-    """Transformer-XL layers with ``fourier_layers`` (default half) of them FNetAR (Lou et al. 2021, §III)."""
+@dataclass
+class FourierXlOptions(XlOptions):
+    fourier_layers: int | None = setting(None, Integer(0, optional=True), "layers that mix by FNetAR (null: half of them)")
+    fourier_placement: str = setting("alternating", Choice(FOURIER_PLACEMENTS), "where those layers go: alternating, bottom or top")
 
-    mixers = ("relative_attention", "fnet_ar")  # (attention layers, Fourier layers)
 
-    def __call__(
-        self, dim: int, causal: bool, depth: int, /, fourier_layers: int | None = None, fourier_placement: str = "alternating", **options
-    ) -> list[nn.Module]:
-        count = depth // 2 if fourier_layers is None else fourier_layers
-        chosen = fourier_layer_indices(depth, count, fourier_placement)
-        layers = [self.mixers[index in chosen] for index in range(depth)]
-        return [XlBlock(dim, causal, **self.layer_options(mixer, options, dim)) for mixer in layers]
+class FourierXlStack(Configurable):
+    """Transformer-XL layers with ``fourier_layers`` (default half) of them FNetAR (Lou et al. 2021, §III):
+    ``attention`` the options of the others' relative attention, ``fourier`` those of their FNetAR."""
 
-    @staticmethod
-    def layer_options(mixer: str, options: dict, dim: int) -> dict:
-        """What a layer of ``mixer`` takes of the stack's options."""
-        return XlBlock.resolve_options({**options, "mixer": mixer}, dim)[0]
+    options_type = FourierXlOptions
 
-    def resolve_options(self, options: dict, dim: int, depth: int) -> tuple[dict, dict]:
-        """The stack's options (``fourier_layers`` resolved to a count) and those of both kinds of layer, without ``mixer``."""
+    @classmethod
+    def parts(cls) -> list[Part]:
+        return [Part("attention", "relative_attention"), Part("fourier", "fnet_ar")]
+
+    def __call__(self, dim: int, causal: bool, depth: int, /, **options) -> list[nn.Module]:
+        tree, _ = self.resolve_layers(options, dim, depth)
+        chosen = fourier_layer_indices(depth, tree.pop("fourier_layers"), tree.pop("fourier_placement"))
+        layers = {key: tree.pop(key) for key in ("attention", "fourier")}
+        return [XlBlock(dim, causal, mixer=layers["fourier" if index in chosen else "attention"], **tree) for index in range(depth)]
+
+    def resolve_layers(self, options: dict, dim: int, depth: int) -> tuple[dict, dict]:
+        """Its options and its parts', ``fourier_layers`` resolved to a count."""
         if "mixer" in options:
             raise ValueError("fnet_ar_xl picks each layer's mixer by fourier_layers and fourier_placement; 'mixer' is not an option")
-        own, rest = take_options(self.__call__, options)
-        if own["fourier_layers"] is None:
-            own["fourier_layers"] = depth // 2
-        fourier_layer_indices(depth, own["fourier_layers"], own["fourier_placement"])  # validates both
-        layers = {}
-        for mixer in self.mixers:
-            layers.update(self.layer_options(mixer, rest, dim))
-        layers.pop("mixer")
-        unknown = {key: value for key, value in rest.items() if key not in layers}
-        return merge_options(own, layers, "fnet_ar_xl's stack"), unknown
+        tree, unknown = self.resolve_options(options, dim)
+        if tree["fourier_layers"] is None:
+            tree["fourier_layers"] = depth // 2
+        fourier_layer_indices(depth, tree["fourier_layers"], tree["fourier_placement"])  # validates both
+        return tree, unknown

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 import torch
 from torch import nn
 
 from ..ops.toeplitz import naive_toeplitz_matrix
-from ..options import Configurable, Options, refuse_unknown
 from ..state import StreamState, check_state
 from ..validation import check_finite, check_int, finite_checks_enabled
+from .parts import Configurable
 
 
 def check_sequence(x: torch.Tensor, dim: int, mask: torch.Tensor | None) -> None:
@@ -122,9 +120,6 @@ class Mixer(Configurable, nn.Module):
             return "halo"
         return "channels" if self.channel_independent else None
 
-    options_type: type[Options] = Options
-    """The dataclass of its options (``Options``): types, ranges, defaults and help of each."""
-
     def __init__(self, dim: int, causal: bool, **options):
         super().__init__()
         check_int(dim, "dim")
@@ -132,15 +127,7 @@ class Mixer(Configurable, nn.Module):
             raise ValueError(f"causal must be True or False, got {causal!r}")
         self.dim = dim
         self.causal = causal
-        own, unknown = self.options_type.take(options)
-        refuse_unknown(unknown, [spec.name for spec in fields(self.options_type)], type(self).__name__)
-        self.options = own.pinned(dim)
-
-    @classmethod
-    def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:
-        """(every option of ``options_type``, checked, derived defaults pinned; the options it does not declare)."""
-        own, rest = cls.options_type.take(options)
-        return own.pinned(dim).as_dict(), rest
+        self.configure(options, dim)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.checked_mix(x, mask)

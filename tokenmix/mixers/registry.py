@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 from torch import nn
 
 from ..options import refuse_unknown
@@ -31,16 +29,6 @@ def mixer_class(name: str):
     if name not in _MIXERS:
         raise ValueError(f"mixer name must be one of {list_mixers()}, got {name!r}")
     return _MIXERS[name]
-
-
-def shared_options(name: str, **values) -> dict:
-    """Those of ``values`` that mixer ``name`` takes too: a block passes its own ``dropout`` on to an attention's."""
-    return {key: value for key, value in values.items() if key in option_names(name)}
-
-
-def option_names(name: str) -> set[str]:
-    """The options mixer ``name`` declares (its ``options_type``)."""
-    return {spec.name for spec in fields(mixer_class(name).options_type)}
 
 
 def resolve_mixer_options(name: str, options: dict, dim: int) -> dict:

@@ -26,13 +26,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..fields import Choice, Pair, setting
+from ..fields import Pair, setting
 from ..ops.toeplitz import complex_readout
 from ..ops.toeplitz2d import fft_grid, naive_toeplitz2d_matrix, near_square_grid, spectral_matvec2d, toeplitz2d_spectrum
-from ..options import Options, merge_options
+from ..options import Options
 from .base import Mixer
 from .cache import Cache
-from .registry import build_mixer, list_mixers, mixer_class, register_mixer
+from .parts import Part
+from .registry import list_mixers, mixer_class, register_mixer
 from .rpe import RelativePositionEncoder, RpeOptions
 from .tno import DecayOptions, ExponentialDecay, relative_lags
 
@@ -157,12 +158,6 @@ def _mixes_an_axis(cls) -> bool:
     return cls.channelwise_linear and cls.token_axes == 1 and False in cls.causal_modes
 
 
-def check_axis_mixer(name) -> str:
-    if not isinstance(name, str) or name not in list_mixers() or not _mixes_an_axis(mixer_class(name)):
-        raise ValueError(f"axis_mixer must be one of {axis_mixers()}, got {name!r}")
-    return name
-
-
 def axis_matrix(mixer: Mixer, n: int, channels: slice) -> torch.Tensor:
     """The (channels, n, n) matrix of a linear 1-D mixer: its responses to the n unit impulses."""
     parameter = next(mixer.parameters())
@@ -171,30 +166,22 @@ def axis_matrix(mixer: Mixer, n: int, channels: slice) -> torch.Tensor:
     return responses.permute(2, 1, 0)[channels]
 
 
-@dataclass
-class Separable2dOptions(GridOptions):
-    axis_mixer: str = setting("tno", Choice(axis_mixers), "the 1-D mixer run along rows and columns (its options are separable2d's too)")
-
-
 @register_mixer("separable2d")
 class Separable2d(GridMixer):
     """A 1-D Toeplitz mixer along the rows, then one along the columns (name ``separable2d``)."""
 
-    options_type = Separable2dOptions
-
-    def __init__(self, dim: int, causal: bool = False, **options):
-        own, axis_options = self.options_type.take(options)
-        super().__init__(dim, causal, **own.as_dict())
-        self.axis_mixer = own.axis_mixer
-        self.rows = build_mixer(own.axis_mixer, dim, False, **axis_options)  # mixes each row: W tokens
-        self.columns = build_mixer(own.axis_mixer, dim, False, **axis_options)  # mixes each column: H tokens
+    options_type = GridOptions
 
     @classmethod
-    def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:
-        """``grid``, ``axis_mixer`` and every option of the axis mixer, defaults filled in."""
-        own, rest = super().resolve_options(options, dim)
-        axis_options, unknown = mixer_class(own["axis_mixer"]).resolve_options(rest, dim)
-        return merge_options(own, axis_options, f"separable2d with axis_mixer {own['axis_mixer']!r}"), unknown
+    def parts(cls) -> list[Part]:
+        """``axis_mixer``: the 1-D mixer run along every row, then (a second one, the same options) along every column."""
+        return [Part("axis_mixer", "tno", axis_mixers)]
+
+    def __init__(self, dim: int, causal: bool = False, **options):
+        super().__init__(dim, causal, **options)
+        self.axis_mixer = self.part_options["axis_mixer"]["name"]
+        self.rows = self.build_part("axis_mixer", dim, False)  # mixes each row: W tokens
+        self.columns = self.build_part("axis_mixer", dim, False)  # mixes each column: H tokens
 
     def mix_grid(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         (rows, columns), batch, dim = grid, x.shape[0], self.dim

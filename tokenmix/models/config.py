@@ -20,7 +20,7 @@ from ..validation import check_int
 from ..version import __version__
 from .registry import TASKS, resolve_model_options
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 POOLS = ("mean", "first", "last")
 # The keys of each format (format 1 recorded no versions; format 3 added the classification head's pool and documents;
 # format 4 renamed Transformer-XL's mixer, see ``renamed_xl_mixer``).
@@ -28,6 +28,7 @@ FORMAT_KEYS = {1: {"name", "task", "vocab_size", "dim", "depth", "num_classes", 
 FORMAT_KEYS[2] = FORMAT_KEYS[1] | {"format_version", "tokenmix_version"}
 FORMAT_KEYS[3] = FORMAT_KEYS[2] | {"pool", "documents"}
 FORMAT_KEYS[4] = FORMAT_KEYS[3]
+FORMAT_KEYS[5] = FORMAT_KEYS[4]
 
 
 @dataclass
@@ -111,6 +112,8 @@ class ModelConfig:
             )
         if version < 4:
             data = renamed_xl_mixer(data)
+        if version < 5:
+            data = without_tcn_depth(data)
         return cls(**{key: value for key, value in data.items() if key not in ("format_version", "tokenmix_version")})
 
 
@@ -122,6 +125,17 @@ def renamed_xl_mixer(data: dict) -> dict:
         return data
     options = {key: value for key, value in options.items() if key != "window"}
     return {**data, "options": {**options, "mixer": "relative_attention"} if "mixer" in options else options}
+
+
+def without_tcn_depth(data: dict) -> dict:
+    """A config of format 1 to 4 held its options flat, a MEGA-style block's TCN depth as ``tcn_depth``
+    (None without a TCN); flat options still resolve (``mixers/parts.py``), the TCN's depth as ``depth``."""
+    options = data.get("options")
+    if not isinstance(options, dict) or "tcn_depth" not in options:
+        return data
+    depth = options["tcn_depth"]
+    options = {key: value for key, value in options.items() if key != "tcn_depth"}
+    return {**data, "options": options if depth is None else {**options, "depth": depth}}
 
 
 def with_segment_length(config: ModelConfig, saved: dict, segment_length: int | None) -> ModelConfig:

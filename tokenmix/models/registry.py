@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ..blocks import FourierXlStack, MegaBlock, TcncaSimpleBlock, TnnBlock, TransformerBlock, XlBlock
+from ..mixers.parts import leaf_names
 from ..options import refuse_unknown
 
 TASKS = ("lm", "mlm", "classify")
@@ -22,13 +23,20 @@ class Repeated:
         """``depth`` blocks; positional-only, so a mixer option named ``depth`` (the TCN's) passes through."""
         return [self.block(dim, causal, **options) for _ in range(depth)]
 
-    def resolve_options(self, options: dict, dim: int, depth: int) -> tuple[dict, dict]:
+    def resolve_layers(self, options: dict, dim: int, depth: int) -> tuple[dict, dict]:
         return self.block.resolve_options(options, dim)
+
+    @property
+    def options_type(self):
+        return self.block.options_type
+
+    def parts(self):
+        return self.block.parts()
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    layers: Repeated | FourierXlStack  # (dim, causal, depth, **options) -> blocks; resolve_options(options, dim, depth)
+    layers: Repeated | FourierXlStack  # (dim, causal, depth, **options) -> blocks; resolve_layers(options, dim, depth)
     defaults: dict = field(default_factory=dict)
     description: str = ""
     tasks: tuple[str, ...] = TASKS
@@ -63,9 +71,9 @@ def model_spec(name: str) -> ModelSpec:
 
 
 def resolve_model_options(name: str, options: dict, dim: int, depth: int) -> dict:
-    """Every option of every block and mixer of model ``name`` (width ``dim``, ``depth`` layers), defaults
-    filled in; ValueError on unknown names."""
+    """Every option of the blocks of model ``name`` (width ``dim``, ``depth`` layers) and, nested under
+    their keys, of the mixers they build, defaults filled in (``mixers/parts.py``); ValueError on unknown names."""
     spec = model_spec(name)
-    resolved, unknown = spec.layers.resolve_options({**spec.defaults, **options}, dim, depth)
-    refuse_unknown(unknown, resolved, f"model {name!r}")
+    resolved, unknown = spec.layers.resolve_layers({**spec.defaults, **options}, dim, depth)
+    refuse_unknown(unknown, leaf_names(resolved), f"model {name!r}")
     return resolved

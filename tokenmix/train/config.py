@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields
 from ..data.tokenizer import parse_tokenizer_spec
 from ..devices import check_device_name
 from ..fields import Choice, Existing, Integer, Number, Output, Parsed, check_settings, setting
+from ..mixers.parts import find_option
 from ..models.config import POOLS, ModelConfig
 from ..models.registry import list_models, resolve_model_options
 from .recipes import list_recipes
@@ -134,9 +135,9 @@ class TrainConfig:
         grid = fields.pop("grid", None)
         options = {"dropout": self.dropout, **self.options}
         takes = resolve_model_options(self.model, options, self.dim, self.depth)
-        if grid is not None and "grid" not in options and "grid" in takes:
+        if grid is not None and "grid" not in options and find_option(takes, "grid"):
             options["grid"] = list(grid)
-        if "segment_length" not in options and "segment_length" in takes:
+        if "segment_length" not in options and find_option(takes, "segment_length"):
             options["segment_length"] = self.seq_len
         pool = {"pool": self.pool} if self.task == "classify" else {}
         return ModelConfig(self.model, self.task, dim=self.dim, depth=self.depth, options=options, **pool, **fields)

@@ -1,0 +1,112 @@
+"""Options of mixers and blocks as a tree: each part's own options dataclass, and the mixers it builds nested.
+
+A block's (or mixer's) ``options_type`` declares its own options (``tokenmix.options.Options``);
+``parts()`` names the registered mixers it builds, each nested under its key in the saved config:
+
+    {"dropout": 0.0, "expand": 3, ..., "mixer": {"name": "tno", "rpe_dim": 64, ...}}
+
+Options are given flat (a name sets the owner's option and every nested part's of that name: a
+block's ``dropout`` reaches its attention's), dotted (``"mixer.rpe_dim"``: one part's), or nested as
+a saved config holds them; ``"mixer": "ski_tno"`` picks a part's mixer by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..options import Options, refuse_unknown
+from .registry import build_mixer, mixer_class
+
+
+@dataclass(frozen=True)
+class Part:
+    """A registered mixer its owner builds, with its options nested under ``key``.
+
+    ``choices``: the mixers a user may pick by name (None: always ``default``); ``defaults``: the
+    owner's defaults for the part's options; ``width``: the part's channels from the owner's own
+    options and width (a GTU's mixer works on expand * dim channels)."""
+
+    key: str
+    default: str
+    choices: Callable[[], list[str]] | None = None
+    defaults: dict = field(default_factory=dict)
+    width: Callable[[Options, int], int] | None = None
+
+    def allowed(self) -> list[str]:
+        return self.choices() if self.choices else [self.default]
+
+
+def leaf_names(tree: dict) -> list[str]:
+    """The dotted names of every option in ``tree`` (``["dropout", "mixer.name", "mixer.rpe_dim", ...]``)."""
+    names = []
+    for key, value in tree.items():
+        names += [f"{key}.{name}" for name in leaf_names(value)] if isinstance(value, dict) else [key]
+    return names
+
+
+def find_option(tree: dict, name: str) -> list:
+    """The values of every option called ``name`` in ``tree``, at any depth (the owner's first); a part's
+    value is its mixer's name."""
+    found = [tree[name]["name"] if isinstance(tree[name], dict) else tree[name]] if name in tree else []
+    for value in tree.values():
+        if isinstance(value, dict):
+            found += find_option(value, name)
+    return found
+
+
+class Configurable:
+    """Mixin of mixers and blocks: options from ``options_type``, nested ``parts()``."""
+
+    options_type: type[Options] = Options
+    """The dataclass of its own options (``Options``): types, ranges, defaults and help of each."""
+
+    @classmethod
+    def parts(cls) -> list[Part]:
+        """The registered mixers it builds (none by default)."""
+        return []
+
+    @classmethod
+    def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:
+        """(tree, unknown): every option of it and its parts, checked, defaults filled in and
+        derived ones pinned (``Options.pinned``), and the options nothing took."""
+        parts = {part.key: part for part in cls.parts()}
+        given, flat = {key: {} for key in parts}, {}
+        for key, value in options.items():
+            head, dot, rest = key.partition(".")
+            if dot and head in parts:
+                given[head][rest] = value
+            elif key in parts:
+                if not isinstance(value, (str, dict)):
+                    raise ValueError(f"{key} must be a mixer name or a dict of its options, got {value!r}")
+                given[key].update({"name": value} if isinstance(value, str) else value)
+            else:
+                flat[key] = value
+        own, unknown = cls.options_type.take(flat)
+        own = own.pinned(dim)
+        tree, taken = own.as_dict(), set(flat) - set(unknown)
+        for key, part in parts.items():
+            chosen = dict(given[key])
+            name = chosen.pop("name", part.default)
+            if name not in part.allowed():
+                raise ValueError(f"{key} must be one of {part.allowed()} (a part of {cls.__name__}), got {name!r}")
+            width = part.width(own, dim) if part.width else dim
+            subtree, left = mixer_class(name).resolve_options({**part.defaults, **flat, **chosen}, width)
+            refuse_unknown({option: chosen[option] for option in left if option in chosen}, leaf_names(subtree), f"{key} ({name})")
+            taken |= set(flat) - set(left)
+            tree[key] = {"name": name, **subtree}
+        return tree, {key: value for key, value in flat.items() if key not in taken}
+
+    def configure(self, options: dict, dim: int) -> None:
+        """Resolve ``options`` (ValueError on unknown ones) into ``self.options``, its own dataclass,
+        and ``self.part_options``, each part's resolved options by key."""
+        tree, unknown = self.resolve_options(options, dim)
+        refuse_unknown(unknown, leaf_names(tree), type(self).__name__)
+        keys = [part.key for part in self.parts()]
+        self.options = self.options_type(**{key: value for key, value in tree.items() if key not in keys})
+        self.part_options = {key: tree[key] for key in keys}
+
+    def build_part(self, key: str, width: int, causal: bool):
+        """The mixer of part ``key`` with its resolved options."""
+        options = dict(self.part_options[key])
+        return build_mixer(options.pop("name"), width, causal, **options)
