@@ -16,9 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..fields import Choice, Integer, setting
-from ..ops.attention import chunked_attention, rotary
+from ..ops.attention import AttentionCache, cached_attention, chunked_attention, empty_cache, rotary
 from ..options import Options
-from ..state import StreamState
 from ..validation import check_int
 from .base import PADDING_SIDES, Mixer
 from .registry import register_mixer
@@ -55,63 +54,6 @@ class RelativePosition(nn.Module):
         return f"position={self.position!r}" + (f", max_distance={self.max_distance}" if self.table is not None else "")
 
 
-@dataclass
-class AttentionCache(StreamState):
-    """Keys (rotated) and values a later query may still see, (batch, heads, cached, width), which of them
-    are real tokens (batch, cached), and the stream position. Chunked attention keeps the current
-    chunk only, so its size is bounded by the chunk; full attention's grows with the stream."""
-
-    keys: torch.Tensor
-    values: torch.Tensor
-    real: torch.Tensor
-    position: int = 0
-
-
-def empty_cache(batch_size: int, heads: int, key_width: int, value_width: int, device, dtype: torch.dtype) -> AttentionCache:
-    keys = torch.zeros(batch_size, heads, 0, key_width, device=device, dtype=dtype)
-    values = torch.zeros(batch_size, heads, 0, value_width, device=device, dtype=dtype)
-    return AttentionCache(keys, values, torch.zeros(batch_size, 0, dtype=torch.bool, device=device))
-
-
-def cached_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cache: AttentionCache,
-    chunk_size: int | None,
-    position: RelativePosition,
-    mask: torch.Tensor | None,
-) -> tuple[torch.Tensor, AttentionCache]:
-    """Causal attention of the next n tokens (q, k: (batch, heads, n, e), unrotated; v: (batch, heads, n, h))
-    over the cache and themselves, the chunk-local rule of ``ops.attention.chunked_attention``: the
-    cache empties at every multiple of ``chunk_size``. Returns (batch, heads, n, h) and the new cache."""
-    batch, n = q.shape[0], q.shape[-2]
-    real = torch.ones(batch, n, dtype=torch.bool, device=q.device) if mask is None else mask
-    outputs, done = [], 0
-    while done < n:
-        start = cache.position
-        room = n - done if chunk_size is None else chunk_size - start % chunk_size
-        if chunk_size is not None and start % chunk_size == 0:
-            cache = empty_cache(batch, q.shape[1], k.shape[-1], v.shape[-1], q.device, q.dtype)
-            cache.position = start
-        size = min(room, n - done)
-        q_piece, k_piece = position.rotate(q[..., done : done + size, :], k[..., done : done + size, :], start)
-        keys = torch.cat([cache.keys, k_piece], dim=2)
-        values = torch.cat([cache.values, v[..., done : done + size, :]], dim=2)
-        key_real = torch.cat([cache.real, real[:, done : done + size]], dim=1)
-        query_positions = torch.arange(start, start + size, device=q.device)
-        key_positions = torch.arange(start + size - keys.shape[2], start + size, device=q.device)
-        itself = query_positions[:, None] == key_positions[None, :]
-        allowed = (key_positions[None, :] <= query_positions[:, None]) & (key_real[:, None, None, :] | itself)
-        attn_mask = allowed
-        if position.table is not None:
-            attn_mask = position.bias_between(query_positions, key_positions).to(q.dtype).masked_fill(~allowed, float("-inf"))
-        outputs.append(F.scaled_dot_product_attention(q_piece, keys, values, attn_mask=attn_mask))
-        cache = AttentionCache(keys, values, key_real, start + size)
-        done += size
-    return torch.cat(outputs, dim=2), cache
-
-
 class AttentionCore:
     """Softmax attention of projected heads, the part every attention mixer and MEGA's gated attention share.
 
@@ -140,7 +82,7 @@ class AttentionCore:
         return empty_cache(batch_size, self.heads, self.key_width, self.value_width, device or weight.device, dtype or weight.dtype)
 
     def step(self, qkv, cache: AttentionCache, mask: torch.Tensor | None) -> tuple[torch.Tensor, AttentionCache]:
-        return cached_attention(*qkv, cache, self.chunk_size, self.position, mask)
+        return cached_attention(*qkv, cache, self.chunk_size, mask, self.position.rotate, self.position.bias_function())
 
 
 def chunk_padding_sides(chunk_size: int | None) -> tuple[str, ...]:

@@ -19,12 +19,15 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
+from ..state import StreamState
+from .forms import OpForms, register_op, returned, token_by_token
 from .second_order import double_backward_enabled
 
 RelativeBias = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # positions i (q,), j (k,) -> (q, k) bias b[i - j]
@@ -160,3 +163,126 @@ def naive_attention(
     if bias is not None:
         scores = scores + bias
     return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1) @ v
+
+
+@dataclass
+class AttentionCache(StreamState):
+    """Keys (rotated) and values a later query may still see, (batch, heads, cached, width), which of them
+    are real tokens (batch, cached), and the stream position. Chunked attention keeps the current
+    chunk only, so its size is bounded by the chunk; full attention's grows with the stream."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    real: torch.Tensor
+    position: int = 0
+
+
+def empty_cache(batch_size: int, heads: int, key_width: int, value_width: int, device, dtype: torch.dtype) -> AttentionCache:
+    keys = torch.zeros(batch_size, heads, 0, key_width, device=device, dtype=dtype)
+    values = torch.zeros(batch_size, heads, 0, value_width, device=device, dtype=dtype)
+    return AttentionCache(keys, values, torch.zeros(batch_size, 0, dtype=torch.bool, device=device))
+
+
+Rotation = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]  # q, k, offset -> rotated
+
+
+def cached_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: AttentionCache,
+    chunk_size: int | None,
+    mask: torch.Tensor | None,
+    rotate: Rotation | None = None,
+    bias: RelativeBias | None = None,
+) -> tuple[torch.Tensor, AttentionCache]:
+    """Causal attention of the next n tokens (q, k: (batch, heads, n, e), unrotated; v: (batch, heads, n, h))
+    over the cache and themselves, the chunk-local rule of ``chunked_attention``: the cache empties at
+    every multiple of ``chunk_size``. ``rotate(q, k, offset)`` places q and k at their stream
+    positions (rotary), ``bias`` adds a relative bias. Returns (batch, heads, n, h) and the new cache."""
+    batch, n = q.shape[0], q.shape[-2]
+    real = torch.ones(batch, n, dtype=torch.bool, device=q.device) if mask is None else mask
+    outputs, done = [], 0
+    while done < n:
+        start = cache.position
+        room = n - done if chunk_size is None else chunk_size - start % chunk_size
+        if chunk_size is not None and start % chunk_size == 0:
+            cache = empty_cache(batch, q.shape[1], k.shape[-1], v.shape[-1], q.device, q.dtype)
+            cache.position = start
+        size = min(room, n - done)
+        q_piece, k_piece = q[..., done : done + size, :], k[..., done : done + size, :]
+        if rotate is not None:
+            q_piece, k_piece = rotate(q_piece, k_piece, start)
+        keys = torch.cat([cache.keys, k_piece], dim=2)
+        values = torch.cat([cache.values, v[..., done : done + size, :]], dim=2)
+        key_real = torch.cat([cache.real, real[:, done : done + size]], dim=1)
+        query_positions = torch.arange(start, start + size, device=q.device)
+        key_positions = torch.arange(start + size - keys.shape[2], start + size, device=q.device)
+        itself = query_positions[:, None] == key_positions[None, :]
+        allowed = (key_positions[None, :] <= query_positions[:, None]) & (key_real[:, None, None, :] | itself)
+        attn_mask = allowed
+        if bias is not None:
+            attn_mask = bias(query_positions, key_positions).to(q.dtype).masked_fill(~allowed, float("-inf"))
+        outputs.append(F.scaled_dot_product_attention(q_piece, keys, values, attn_mask=attn_mask))
+        cache = AttentionCache(keys, values, key_real, start + size)
+        done += size
+    return torch.cat(outputs, dim=2), cache
+
+
+# -- the forms of ``ops/forms.py``: x (batch, n, 3 h e) holds q, k, v of h heads; params heads, chunk_size ----
+
+
+def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """(batch, n, 3 h e) -> (3, batch, h, n, e)."""
+    return x.view(x.shape[0], x.shape[1], 3, heads, -1).permute(2, 0, 3, 1, 4)
+
+
+def _merged(y: torch.Tensor) -> torch.Tensor:
+    return y.transpose(1, 2).reshape(y.shape[0], y.shape[2], -1)
+
+
+def _with_prefix(attend):
+    """A causal form whose state is the prefix's inputs: the prefix and x attended as one stream, x's outputs kept."""
+
+    def run(x: torch.Tensor, params: dict, initial_state=None, output_final_state: bool = False):
+        full = x if initial_state is None else torch.cat([initial_state, x], dim=1)
+        q, k, v = _heads(full, params["heads"])
+        y = _merged(attend(q, k, v, params["chunk_size"]))[:, full.shape[1] - x.shape[1] :]
+        return returned(y, full, output_final_state)
+
+    return run
+
+
+def naive_causal_attention(q, k, v, chunk_size):
+    return naive_attention(q, k, v, chunk_mask(q.shape[2], chunk_size, True))
+
+
+def parallel_causal_attention(q, k, v, chunk_size):
+    return chunked_attention(q, k, v, chunk_size, True)
+
+
+def recurrent_attention(x: torch.Tensor, params: dict, initial_state=None, output_final_state: bool = False):
+    """The prefix into a cache, then one token at a time over it (``cached_attention``, the decoding path)."""
+    heads, chunk_size = params["heads"], params["chunk_size"]
+    prefix = x[:, :0] if initial_state is None else initial_state
+    cache = empty_cache(x.shape[0], heads, x.shape[2] // (3 * heads), x.shape[2] // (3 * heads), x.device, x.dtype)
+    _, cache = cached_attention(*_heads(prefix, heads), cache, chunk_size, None)
+
+    def step(token, cache):
+        y, cache = cached_attention(*_heads(token, heads), cache, chunk_size, None)
+        return _merged(y), cache
+
+    y, _ = token_by_token(step, x, cache)
+    return returned(y, torch.cat([prefix, x], dim=1), output_final_state)
+
+
+def _attention_example(batch: int, n: int, dim: int, dtype: torch.dtype, generator: torch.Generator):
+    heads, width = 2, 2
+    x, prefix = (torch.randn(batch, length, 3 * heads * width, dtype=dtype, generator=generator) for length in (n, 5))
+    return x, {"heads": heads, "chunk_size": 4}, prefix
+
+
+register_op(
+    "causal_chunked_attention",
+    OpForms(_with_prefix(naive_causal_attention), _with_prefix(parallel_causal_attention), recurrent_attention, _attention_example),
+)

@@ -14,6 +14,7 @@ import torch
 
 from ..validation import check_int
 from .band import band_matvec
+from .forms import OpForms, register_op, returned, token_by_token, without_state
 
 
 def dilated_conv(x: torch.Tensor, taps: torch.Tensor, dilation: int, min_lag: int) -> torch.Tensor:
@@ -55,3 +56,46 @@ def causal_dilated_chunk(x: torch.Tensor, history: torch.Tensor, taps: torch.Ten
     k = x.shape[1]
     y = sum(taps[:, j] * window[:, span - j * dilation : span - j * dilation + k] for j in range(taps.shape[1]))
     return y, window[:, k:].clone()  # not a view: the state holds the history only
+
+
+# -- the forms of ``ops/forms.py``: params taps (d, K) and dilation; causal: the state is the last span inputs --
+
+
+def _causal_with_history(convolution):
+    def run(x: torch.Tensor, params: dict, initial_state=None, output_final_state: bool = False):
+        taps, dilation = params["taps"], params["dilation"]
+        span = (taps.shape[1] - 1) * dilation
+        history = x.new_zeros(x.shape[0], span, x.shape[2]) if initial_state is None else initial_state
+        full = torch.cat([history, x], dim=1)
+        return returned(convolution(full, taps, dilation, 0)[:, span:], full[:, full.shape[1] - span :], output_final_state)
+
+    return run
+
+
+def recurrent_dilated_conv(x: torch.Tensor, params: dict, initial_state=None, output_final_state: bool = False):
+    """One input at a time by ``causal_dilated_chunk``."""
+    taps, dilation = params["taps"], params["dilation"]
+    history = x.new_zeros(x.shape[0], (taps.shape[1] - 1) * dilation, x.shape[2]) if initial_state is None else initial_state
+    step = lambda token, state: causal_dilated_chunk(token, state, taps, dilation)  # noqa: E731
+    return returned(*token_by_token(step, x, history), output_final_state)
+
+
+def _centred(convolution):
+    return without_state(lambda x, params: convolution(x, params["taps"], params["dilation"], -(params["taps"].shape[1] // 2)))
+
+
+def _dilated_example(causal: bool):
+    def example(batch: int, n: int, dim: int, dtype: torch.dtype, generator: torch.Generator):
+        taps, dilation = torch.randn(dim, 3, dtype=dtype, generator=generator), 2
+        x = torch.randn(batch, n, dim, dtype=dtype, generator=generator)
+        history = torch.randn(batch, 2 * dilation, dim, dtype=dtype, generator=generator) if causal else None
+        return x, {"taps": taps, "dilation": dilation}, history
+
+    return example
+
+
+register_op(
+    "causal_dilated_conv",
+    OpForms(_causal_with_history(naive_dilated_conv), _causal_with_history(dilated_conv), recurrent_dilated_conv, _dilated_example(True)),
+)
+register_op("dilated_conv", OpForms(_centred(naive_dilated_conv), _centred(dilated_conv), None, _dilated_example(False)))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from .forms import OpForms, register_op, returned, token_by_token
 from .toeplitz import toeplitz_matvec
 
 
@@ -35,18 +36,26 @@ def ema_kernel(input_weight: torch.Tensor, decay: torch.Tensor, readout: torch.T
     return torch.einsum("...dj,...djl->...ld", readout * input_weight, powers)
 
 
-def naive_ema(x: torch.Tensor, input_weight: torch.Tensor, decay: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
-    """Reference: the recurrence as a Python loop over time; x (batch, n, d) -> y (batch, n, d).
+def naive_ema(
+    x: torch.Tensor,
+    input_weight: torch.Tensor,
+    decay: torch.Tensor,
+    readout: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+):
+    """Reference: the recurrence as a Python loop over time; x (batch, n, d) -> y (batch, n, d), and the
+    state h (batch, d, N) after it when ``output_final_state`` (from ``initial_state``, zeros by default).
 
     Coefficients (channels, ndim).
     """
     _check_ema(input_weight, decay, readout)
-    state = x.new_zeros(x.shape[0], *decay.shape)
+    state = x.new_zeros(x.shape[0], *decay.shape) if initial_state is None else initial_state
     outputs = []
     for t in range(x.shape[1]):
         state = input_weight * x[:, t, :, None] + decay * state
         outputs.append((readout * state).sum(-1))
-    return torch.stack(outputs, dim=1)
+    return returned(torch.stack(outputs, dim=1), state, output_final_state)
 
 
 def ema_chunk(
@@ -70,3 +79,44 @@ def ema_chunk(
     y = toeplitz_matvec(x, kernel.to(x.dtype), causal=True) + carried.to(x.dtype)
     new_state = powers[..., k] * state + torch.einsum("dj,djs,bsd->bdj", input_weight, powers[..., :k].flip(-1), x.to(decay.dtype))
     return y, new_state
+
+
+# -- the forms of ``ops/forms.py``: params input_weight, decay, readout (channels, ndim); the state h ------
+
+
+def _coefficients(params: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return params["input_weight"], params["decay"], params["readout"]
+
+
+def _zero_state(x: torch.Tensor, params: dict, state: torch.Tensor | None) -> torch.Tensor:
+    return x.new_zeros(x.shape[0], *params["decay"].shape) if state is None else state
+
+
+def naive_ema_form(x: torch.Tensor, params: dict, initial_state=None, output_final_state: bool = False):
+    return naive_ema(x, *_coefficients(params), initial_state, output_final_state)
+
+
+def parallel_ema(x: torch.Tensor, params: dict, initial_state=None, output_final_state: bool = False):
+    """The whole sequence by ``ema_chunk``: its kernel by FFT and the closed-form final state."""
+    return returned(*ema_chunk(x, _zero_state(x, params, initial_state), *_coefficients(params)), output_final_state)
+
+
+def recurrent_ema(x: torch.Tensor, params: dict, initial_state=None, output_final_state: bool = False):
+    """One input at a time (``ema_chunk`` of one input is the recurrence itself)."""
+    step = lambda token, state: ema_chunk(token, state, *_coefficients(params))  # noqa: E731
+    return returned(*token_by_token(step, x, _zero_state(x, params, initial_state)), output_final_state)
+
+
+def _ema_example(batch: int, n: int, dim: int, dtype: torch.dtype, generator: torch.Generator):
+    ndim = 3
+    input_weight, readout = (torch.randn(dim, ndim, dtype=dtype, generator=generator) for _ in range(2))
+    decay = torch.sigmoid(torch.randn(dim, ndim, dtype=dtype, generator=generator) + 1.0)
+    x = torch.randn(batch, n, dim, dtype=dtype, generator=generator)
+    return (
+        x,
+        {"input_weight": input_weight, "decay": decay, "readout": readout},
+        torch.randn(batch, dim, ndim, dtype=dtype, generator=generator),
+    )
+
+
+register_op("ema", OpForms(naive_ema_form, parallel_ema, recurrent_ema, _ema_example))

@@ -23,6 +23,7 @@ from functools import lru_cache
 import torch
 
 from .fft import spectral_dtype
+from .forms import OpForms, register_op, returned, token_by_token, without_state
 
 
 def fnet_mixing(x: torch.Tensor, sequence_only: bool = False) -> torch.Tensor:
@@ -81,3 +82,68 @@ def naive_fourier_ar_mix(x: torch.Tensor, window: int) -> torch.Tensor:
             if source >= 0:
                 out[:, t] += math.cos(2 * math.pi * frequency * m / window) * x[:, source]
     return out
+
+
+# -- the forms of ``ops/forms.py``: params window W; the state: the last W - 1 inputs and the position --------
+
+
+def _start(x: torch.Tensor, window: int, state) -> tuple[torch.Tensor, int]:
+    return (x.new_zeros(x.shape[0], window - 1, x.shape[2]), 0) if state is None else state
+
+
+def _after(history: torch.Tensor, x: torch.Tensor, start: int, window: int) -> tuple[torch.Tensor, int]:
+    full = torch.cat([history, x], dim=1)
+    return full[:, full.shape[1] - (window - 1) :], start + x.shape[1]
+
+
+def naive_fourier_ar_form(x: torch.Tensor, params: dict, initial_state=None, output_final_state: bool = False):
+    """The defining sum over the stream rebuilt from the state: zeros where no window of x reaches, then the history."""
+    window = params["window"]
+    history, start = _start(x, window, initial_state)
+    known = history[:, max(0, window - 1 - start) :]
+    lead = x.new_zeros(x.shape[0], start - known.shape[1], x.shape[2])
+    y = naive_fourier_ar_mix(torch.cat([lead, known, x], dim=1), window)[:, start:]
+    return returned(y, _after(history, x, start, window), output_final_state)
+
+
+def parallel_fourier_ar(x: torch.Tensor, params: dict, initial_state=None, output_final_state: bool = False):
+    window = params["window"]
+    history, start = _start(x, window, initial_state)
+    return returned(fourier_ar_mix(x, window, history, start), _after(history, x, start, window), output_final_state)
+
+
+def recurrent_fourier_ar(x: torch.Tensor, params: dict, initial_state=None, output_final_state: bool = False):
+    def step(token, state):
+        return parallel_fourier_ar(token, params, state, True)
+
+    return returned(*token_by_token(step, x, _start(x, params["window"], initial_state)), output_final_state)
+
+
+def _fourier_ar_example(batch: int, n: int, dim: int, dtype: torch.dtype, generator: torch.Generator):
+    window = 5
+    x, history = (torch.randn(batch, length, dim, dtype=dtype, generator=generator) for length in (n, window - 1))
+    return x, {"window": window}, (history, 13)
+
+
+def naive_fnet_mixing(x: torch.Tensor, sequence_only: bool = False) -> torch.Tensor:
+    """Reference: Re(F_n X F_d^T) with explicit DFT matrices, Re(F) = cos, Im(F) = -sin (tests only)."""
+
+    def dft(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = 2 * math.pi * torch.outer(torch.arange(size), torch.arange(size)).to(x.dtype) / size
+        return torch.cos(angles), torch.sin(angles)
+
+    (c_n, s_n), (c_d, s_d) = dft(x.shape[1]), dft(x.shape[2])
+    if sequence_only:
+        return torch.einsum("ij,bjd->bid", c_n, x)
+    return torch.einsum("ij,bjk,dk->bid", c_n, x, c_d) - torch.einsum("ij,bjk,dk->bid", s_n, x, s_d)
+
+
+def _fnet_example(batch: int, n: int, dim: int, dtype: torch.dtype, generator: torch.Generator):
+    return torch.randn(batch, n, dim, dtype=dtype, generator=generator), {}, None
+
+
+register_op("fourier_ar", OpForms(naive_fourier_ar_form, parallel_fourier_ar, recurrent_fourier_ar, _fourier_ar_example))
+register_op(
+    "fnet",
+    OpForms(without_state(lambda x, params: naive_fnet_mixing(x)), without_state(lambda x, params: fnet_mixing(x)), None, _fnet_example),
+)

@@ -25,6 +25,8 @@ import torch
 
 from ..state import StreamState
 from ..validation import check_int
+from .forms import OpForms, register_op, returned
+from .toeplitz import naive_toeplitz_matvec, toeplitz_matvec
 
 DIRECT_TILE_MAX = 16  # tiles up to this size use the direct product: FFTs of a few points cost more than they save
 
@@ -116,7 +118,7 @@ def online_step(state: OnlineToeplitzState, x: torch.Tensor, kernels: TileKernel
     y = state.pending[:, t] + kernels.taps[0].to(x.dtype) * x
     state.pending[:, t] = 0.0
     start = t + 1 - size
-    state.pending[:, t + 1 : t + 1 + size] += tile_contribution(state.inputs[:, start : t + 1], kernels)
+    state.pending[:, t + 1 : t + 1 + size] += tile_contribution(state.inputs[:, start : t + 1].clone(), kernels)  # kept for autograd
     state.position = t + 1
     return y
 
@@ -147,3 +149,37 @@ def naive_online_step(history: torch.Tensor, taps: torch.Tensor) -> torch.Tensor
     """Reference: the output at the last position of ``history`` (batch, t + 1, d), sum_s k_{t-s} x_s."""
     t = history.shape[1] - 1
     return torch.einsum("bsd,sd->bd", history, taps[: t + 1].flip(0).to(history.dtype))
+
+
+# -- the causal Toeplitz product in its three forms (``ops/forms.py``); the state: every input so far ------
+
+
+def _with_history(form):
+    def run(x: torch.Tensor, params: dict, initial_state=None, output_final_state: bool = False):
+        full = x if initial_state is None else torch.cat([initial_state, x], dim=1)
+        y = form(full, params["kernel"][: full.shape[1]], True)[:, full.shape[1] - x.shape[1] :]
+        return returned(y, full, output_final_state)
+
+    return run
+
+
+def recurrent_toeplitz(x: torch.Tensor, params: dict, initial_state=None, output_final_state: bool = False):
+    """One input at a time by ``online_step``, from the state ``prefill_state`` builds of the earlier inputs."""
+    kernels = TileKernels(params["kernel"])
+    state = prefill_state(x[:, :0] if initial_state is None else initial_state, kernels)
+    y = torch.stack([online_step(state, x[:, t], kernels) for t in range(x.shape[1])], dim=1)
+    return returned(y, state.inputs[:, : state.position], output_final_state)
+
+
+def _toeplitz_example(batch: int, n: int, dim: int, dtype: torch.dtype, generator: torch.Generator):
+    before = n // 3
+    lags = torch.arange(required_lags(before + n), dtype=dtype)[:, None]
+    kernel = torch.randn(lags.shape[0], dim, dtype=dtype, generator=generator) * 0.9**lags
+    x, history = (torch.randn(batch, length, dim, dtype=dtype, generator=generator) for length in (n, before))
+    return x, {"kernel": kernel}, history
+
+
+register_op(
+    "causal_toeplitz",
+    OpForms(_with_history(naive_toeplitz_matvec), _with_history(toeplitz_matvec), recurrent_toeplitz, _toeplitz_example),
+)

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .band import as_image, from_image
+from .forms import OpForms, register_op, without_state
 from .interpolation import grid_weights, interpolation_matrix
 from .toeplitz import toeplitz_matvec
 
@@ -152,3 +153,33 @@ def dense_interpolation(n: int, rank: int, degree: int, device=None) -> torch.Te
     """W as a dense (n, r) matrix."""
     index, weight = ski_weights(n, rank, degree, device)
     return interpolation_matrix(index, weight, inducing_spacing(n, rank)[0])
+
+
+# -- the forms of ``ops/forms.py``: params kernel (2r - 1, d) by inducing lag, rank, degree -------------------
+
+
+def _naive_ski(x: torch.Tensor, params: dict) -> torch.Tensor:
+    interpolation = dense_interpolation(x.shape[1], params["rank"], params["degree"], x.device)
+    return torch.einsum("dij,bjd->bid", naive_ski_matrix(interpolation, toeplitz_blocks(params["kernel"])), x)
+
+
+def _sparse_ski(x: torch.Tensor, params: dict) -> torch.Tensor:
+    index, weight = ski_weights(x.shape[1], params["rank"], params["degree"], x.device)
+    return ski_sparse_matvec(x, index, weight.to(x.dtype), params["kernel"])
+
+
+def _ski_example(degree: int):
+    def example(batch: int, n: int, dim: int, dtype: torch.dtype, generator: torch.Generator):
+        rank = 6
+        count = inducing_spacing(n, rank)[0]
+        kernel = torch.randn(2 * count - 1, dim, dtype=dtype, generator=generator)
+        return torch.randn(batch, n, dim, dtype=dtype, generator=generator), {"kernel": kernel, "rank": rank, "degree": degree}, None
+
+    return example
+
+
+register_op("ski", OpForms(without_state(_naive_ski), without_state(_sparse_ski), None, _ski_example(3)))
+register_op(
+    "ski_linear",
+    OpForms(without_state(_naive_ski), without_state(lambda x, params: ski_linear_matvec(x, params["kernel"])), None, _ski_example(1)),
+)

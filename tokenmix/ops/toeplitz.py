@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from .fft import fast_fft_size, hermitian_weights, spectral_dtype
+from .forms import OpForms, register_op, without_state
 from .layout import channels_first
 from .second_order import double_backward_enabled
 
@@ -256,3 +257,20 @@ def naive_toeplitz_matvec(x: torch.Tensor, kernel: torch.Tensor, causal: bool) -
     """Reference: build the explicit n x n matrix per channel and multiply (tests only)."""
     matrix = naive_toeplitz_matrix(kernel, x.shape[1], causal)
     return torch.einsum("dij,bjd->bid", matrix, x)
+
+
+def _bidirectional_example(batch: int, n: int, dim: int, dtype: torch.dtype, generator: torch.Generator):
+    lags = torch.arange(-(n - 1), n, dtype=dtype)[:, None]
+    kernel = torch.randn(2 * n - 1, dim, dtype=dtype, generator=generator) * 0.9 ** lags.abs()
+    return torch.randn(batch, n, dim, dtype=dtype, generator=generator), {"kernel": kernel}, None
+
+
+register_op(
+    "toeplitz",
+    OpForms(
+        without_state(lambda x, params: naive_toeplitz_matvec(x, params["kernel"], False)),
+        without_state(lambda x, params: toeplitz_matvec(x, params["kernel"], False)),
+        None,
+        _bidirectional_example,
+    ),
+)

@@ -20,6 +20,7 @@ import math
 import torch
 
 from .fft import fast_fft_size, spectral_dtype
+from .forms import OpForms, register_op, without_state
 
 
 def near_square_grid(length: int) -> tuple[int, int]:
@@ -86,3 +87,21 @@ def naive_toeplitz2d_matrix(kernel: torch.Tensor) -> torch.Tensor:
 def naive_toeplitz2d_matvec(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
     """Reference: the explicit (HW) x (HW) matrix per channel times x (batch, H * W, d) (tests only)."""
     return torch.einsum("dij,bjd->bid", naive_toeplitz2d_matrix(kernel), x)
+
+
+def _grid_example(batch: int, n: int, dim: int, dtype: torch.dtype, generator: torch.Generator):
+    """A kernel on the (H, W) grid of the n tokens, H the largest divisor of n up to sqrt(n)."""
+    rows = max(h for h in range(1, int(n**0.5) + 1) if n % h == 0)
+    kernel = torch.randn(2 * rows - 1, 2 * (n // rows) - 1, dim, dtype=dtype, generator=generator)
+    return torch.randn(batch, n, dim, dtype=dtype, generator=generator), {"kernel": kernel}, None
+
+
+register_op(
+    "toeplitz2d",
+    OpForms(
+        without_state(lambda x, params: naive_toeplitz2d_matvec(x, params["kernel"])),
+        without_state(lambda x, params: toeplitz2d_matvec(x, params["kernel"])),
+        None,
+        _grid_example,
+    ),
+)

@@ -1,0 +1,67 @@
+"""Every op's forms against each other (``tokenmix/ops/forms.py``): the naive definition, the parallel fast
+path and, where the op streams, the recurrent decoder, on outputs, final states and every gradient.
+
+One parametrized test over ``list_ops()``: an op is covered by registering its forms.
+"""
+
+import pytest
+import torch
+from conftest import LENGTHS
+
+from tokenmix.ops import list_ops, op_forms
+
+FORMS = ("naive", "parallel", "recurrent")
+
+
+def tensors(value) -> list[torch.Tensor]:
+    """The floating-point tensors in a state or a params dict (a tensor, tuple or dict of them)."""
+    if isinstance(value, torch.Tensor):
+        return [value] if value.is_floating_point() else []
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else []
+    return [tensor for item in items for tensor in tensors(item)]
+
+
+def run_form(form, x, params, state):
+    """(y, final state, the gradients of one fixed random functional of both w.r.t. x, params and the initial state)."""
+    leaves = [x, *tensors(params), *tensors(state)]
+    y, final = form(x, params, state, True) if state is not None else (form(x, params), None)
+    weights = torch.Generator().manual_seed(1)  # the same functional for every form: the outputs share their shapes
+    loss = sum((t * torch.randn(t.shape, dtype=t.dtype, generator=weights)).sum() for t in [y, *tensors(final)])
+    return y, final, torch.autograd.grad(loss, leaves, allow_unused=True)
+
+
+@pytest.mark.parametrize("name", list_ops())
+@pytest.mark.parametrize("n", [*LENGTHS, 64])
+def test_every_form_of_an_op_agrees_on_outputs_final_states_and_gradients(name, n):
+    forms = op_forms(name)
+    x, params, state = forms.example(2, n, 3, torch.float64, torch.Generator().manual_seed(n))
+    for leaf in [x, *tensors(params), *tensors(state)]:
+        leaf.requires_grad_(True)
+    naive_y, naive_final, naive_grads = run_form(forms.naive, x, params, state)
+    for form_name in FORMS[1:]:
+        form = getattr(forms, form_name)
+        if form is None:
+            continue
+        y, final, grads = run_form(form, x, params, state)
+        torch.testing.assert_close(y, naive_y, msg=lambda m, where=f"{name} {form_name} output": f"{where}: {m}")
+        torch.testing.assert_close(final, naive_final, msg=lambda m, where=f"{name} {form_name} final state": f"{where}: {m}")
+        for index, (got, expected) in enumerate(zip(grads, naive_grads, strict=True)):
+            zero = torch.zeros_like(got if got is not None else expected)
+            where = f"{name} {form_name} gradient of leaf {index}"
+            torch.testing.assert_close(
+                zero if got is None else got, zero if expected is None else expected, msg=lambda m, w=where: f"{w}: {m}"
+            )
+
+
+@pytest.mark.parametrize("name", [name for name in list_ops() if op_forms(name).streams])
+def test_continuing_from_a_final_state_gives_the_whole_sequence(name):
+    """Each form, given the final state of a prefix, continues it: the outputs of the sequence in one call."""
+    forms = op_forms(name)
+    x, params, state = forms.example(2, 40, 3, torch.float64, torch.Generator().manual_seed(0))
+    for form_name in FORMS:
+        form = getattr(forms, form_name)
+        whole, whole_final = form(x, params, state, True)
+        head, middle = form(x[:, :17], params, state, True)
+        tail, final = form(x[:, 17:], params, middle, True)
+        torch.testing.assert_close(torch.cat([head, tail], dim=1), whole)
+        torch.testing.assert_close(final, whole_final)
