@@ -1,5 +1,3 @@
-import math
-
 import pytest
 import torch
 from conftest import assert_causal_gradient, random_chunks, relative_error
@@ -7,42 +5,25 @@ from conftest import assert_causal_gradient, random_chunks, relative_error
 import tokenmix
 from tokenmix.blocks.xl import fourier_layer_indices
 from tokenmix.mixers.relative_attention import RelativeAttention, sinusoid_positions
+from tokenmix.ops.attention import naive_relative_attention
 from tokenmix.train import TrainConfig, Trainer
-
-
-def naive_relative_attention(attention: RelativeAttention, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-    """Explicit scores per (i, j) over [memory; segment], causal mask, softmax, weighted values."""
-    batch, n, dim = x.shape
-    total, memory = context.shape[1], context.shape[1] - x.shape[1]
-    heads, head_dim = attention.heads, attention.head_dim
-    q = attention.query(x).view(batch, n, heads, head_dim)
-    k, v = attention.key_value(context).view(batch, total, 2, heads, head_dim).unbind(2)
-    r = attention.position(sinusoid_positions(total, dim).to(x.dtype)).view(total, heads, head_dim)
-    out = torch.zeros(batch, n, heads, head_dim, dtype=x.dtype)
-    for b in range(batch):
-        for h in range(heads):
-            for i in range(n):
-                allowed = range(memory + i + 1)
-                scores = torch.stack(
-                    [
-                        (q[b, i, h] + attention.content_bias[h]) @ k[b, j, h]
-                        + (q[b, i, h] + attention.position_bias[h]) @ r[memory + i - j, h]
-                        for j in allowed
-                    ]
-                ) / math.sqrt(head_dim)
-                out[b, i, h] = torch.softmax(scores, 0) @ v[b, : len(allowed), h]
-    return attention.out(out.reshape(batch, n, dim))
 
 
 @pytest.mark.parametrize("memory", [0, 5])
 def test_relative_attention_equals_explicit_masked_attention(memory):
+    """The mixer's projections around the op, against the op's loop reference (``ops.attention``)."""
     attention = RelativeAttention(8, heads=2).double()
     torch.nn.init.normal_(attention.content_bias)
     torch.nn.init.normal_(attention.position_bias)
     x = torch.randn(2, 6, 8, dtype=torch.float64)
     context = torch.cat([torch.randn(2, memory, 8, dtype=torch.float64), x], dim=1)
     everything = torch.ones(2, context.shape[1], dtype=torch.bool)
-    torch.testing.assert_close(attention.mix_context(x, context, everything, 0), naive_relative_attention(attention, x, context))
+    total, heads, width = context.shape[1], attention.heads, attention.head_dim
+    q = attention.query(x).view(2, 6, heads, width)
+    k, v = attention.key_value(context).view(2, total, 2, heads, width).unbind(2)
+    r = attention.position(sinusoid_positions(total, 8).double()).view(total, heads, width)
+    expected = naive_relative_attention(q, k, v, r, attention.content_bias, attention.position_bias, everything)
+    torch.testing.assert_close(attention.mix_context(x, context, everything, 0), attention.out(expected.reshape(2, 6, 8)))
 
 
 def xl(name, **options):

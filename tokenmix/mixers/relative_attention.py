@@ -1,13 +1,10 @@
 """Transformer-XL's relative multi-head attention (Dai et al. 2019, §3.3), the mixer of its blocks.
 
 Queries are the newest n tokens; keys and values a context (batch, M + n, d) ending with them (a
-block's memory, then the segment). For query i (stream offset M + i) and key j,
-
-    score(i, j) = (q_i + u) . k_j + (q_i + v) . W_R R_{M+i-j},   R sinusoidal, u, v learned,
-
-masked to j <= M + i. The relative term is computed for every distance and gathered into place
-(instead of the "rel-shift" reshaping trick). As a mixer on its own (name ``relative_attention``)
-the context is the sequence itself, and a stream keeps every input as its context.
+block's memory, then the segment); the scores add a learned content bias u and a relative term
+through sinusoidal encodings R of the distance, (q_i + v) . W_R R_{M+i-j} (``ops.attention.relative_attention``).
+As a mixer on its own (name ``relative_attention``) the context is the sequence itself, and a
+stream keeps every input as its context.
 """
 
 from __future__ import annotations
@@ -19,6 +16,7 @@ import torch
 from torch import nn
 
 from ..fields import Integer, Number, setting
+from ..ops.attention import relative_attention
 from ..options import Options
 from ..state import StreamState
 from .attention import default_heads, linear_in_dtype
@@ -95,15 +93,8 @@ class RelativeAttention(Mixer):
         q = linear_in_dtype(x, self.query).view(batch, n, self.heads, self.head_dim)
         k, v = linear_in_dtype(context, self.key_value).view(batch, total, 2, self.heads, self.head_dim).unbind(2)
         r = linear_in_dtype(sinusoid_positions(total, dim, x.device).to(x.dtype), self.position).view(total, self.heads, self.head_dim)
-        content = torch.einsum("bihd,bjhd->bhij", q + self.content_bias.to(x.dtype), k)
-        by_distance = torch.einsum("bihd,rhd->bhir", q + self.position_bias.to(x.dtype), r)
-        distance = (total - n) + torch.arange(n, device=x.device)[:, None] - torch.arange(total, device=x.device)[None, :]
-        position = by_distance.gather(-1, distance.clamp(min=0).expand(batch, self.heads, n, total))
-        itself = distance == 0
-        blocked = (distance < 0) | ~(key_mask[:, None, None, :] | itself)
-        scores = ((content + position) / math.sqrt(self.head_dim)).masked_fill(blocked, torch.finfo(x.dtype).min)
-        weights = self.dropout(torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(x.dtype))
-        return linear_in_dtype(torch.einsum("bhij,bjhd->bihd", weights, v).reshape(batch, n, dim), self.out)
+        mixed = relative_attention(q, k, v, r, self.content_bias, self.position_bias, key_mask, self.dropout)
+        return linear_in_dtype(mixed.reshape(batch, n, dim), self.out)
 
     state_type = ContextState
 

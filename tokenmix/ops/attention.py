@@ -286,3 +286,80 @@ register_op(
     "causal_chunked_attention",
     OpForms(_with_prefix(naive_causal_attention), _with_prefix(parallel_causal_attention), recurrent_attention, _attention_example),
 )
+
+
+# -- Transformer-XL's relative attention (Dai et al. 2019, §3.3) ------------------------------------------
+
+
+def relative_attention(q, k, v, r, content_bias, position_bias, key_mask, dropout=None) -> torch.Tensor:
+    """The newest n queries over a context of ``total`` keys ending with theirs, M = total - n before them:
+
+        score(i, j) = ((q_i + u) . k_j + (q_i + v) . r_{M+i-j}) / sqrt(e),
+
+    masked to j <= M + i and to the keys ``key_mask`` (batch, total) allows (a query always sees
+    itself). q (batch, n, h, e); k, v (batch, total, h, e); r (>= total, h, e) by distance; u, v (h, e).
+    The relative term is computed for every distance and gathered into place (instead of the
+    "rel-shift" reshaping trick). ``dropout`` applies to the weights. Returns (batch, n, h, e)."""
+    batch, n, heads, width = q.shape
+    total = k.shape[1]
+    content = torch.einsum("bihd,bjhd->bhij", q + content_bias.to(q.dtype), k)
+    by_distance = torch.einsum("bihd,rhd->bhir", q + position_bias.to(q.dtype), r[:total])
+    distance = (total - n) + torch.arange(n, device=q.device)[:, None] - torch.arange(total, device=q.device)[None, :]
+    position = by_distance.gather(-1, distance.clamp(min=0).expand(batch, heads, n, total))
+    blocked = (distance < 0) | ~(key_mask[:, None, None, :] | (distance == 0))
+    scores = ((content + position) / math.sqrt(width)).masked_fill(blocked, torch.finfo(q.dtype).min)
+    weights = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(q.dtype)
+    if dropout is not None:
+        weights = dropout(weights)
+    return torch.einsum("bhij,bjhd->bihd", weights, v)
+
+
+def naive_relative_attention(q, k, v, r, content_bias, position_bias, key_mask) -> torch.Tensor:
+    """Reference: one query at a time, its scores over the keys it may see written out, then a softmax (tests only)."""
+    batch, n, heads, width = q.shape
+    memory = k.shape[1] - n
+    out = torch.zeros_like(q)
+    for b in range(batch):
+        for i in range(n):
+            keys = torch.tensor([j for j in range(memory + i + 1) if key_mask[b, j] or j == memory + i])
+            for h in range(heads):
+                scores = k[b, keys, h] @ (q[b, i, h] + content_bias[h]) + r[memory + i - keys, h] @ (q[b, i, h] + position_bias[h])
+                out[b, i, h] = torch.softmax(scores / math.sqrt(width), 0) @ v[b, keys, h]
+    return out
+
+
+def _relative_form(attend):
+    """x (batch, n, 3 h e) holds each token's q, k, v; the state is the earlier tokens (the context before x)."""
+
+    def run(x: torch.Tensor, params: dict, initial_state=None, output_final_state: bool = False):
+        full = x if initial_state is None else torch.cat([initial_state, x], dim=1)
+        q = _heads(x, params["heads"])[0].transpose(1, 2)
+        _, k, v = (part.transpose(1, 2) for part in _heads(full, params["heads"]))
+        real = torch.ones(full.shape[:2], dtype=torch.bool, device=x.device)
+        y = attend(q, k, v, params["distances"], params["content_bias"], params["position_bias"], real)
+        return returned(y.reshape(x.shape[0], x.shape[1], -1), full, output_final_state)
+
+    return run
+
+
+def _recurrent_relative(x: torch.Tensor, params: dict, initial_state=None, output_final_state: bool = False):
+    """One token at a time over the growing context (a relative_attention mixer's stream)."""
+    parallel = _relative_form(relative_attention)
+    step = lambda token, context: parallel(token, params, context, True)  # noqa: E731
+    return returned(*token_by_token(step, x, x[:, :0] if initial_state is None else initial_state), output_final_state)
+
+
+def _relative_example(batch: int, n: int, dim: int, dtype: torch.dtype, generator: torch.Generator):
+    heads, width, before = 2, 2, 4
+    x, prefix = (torch.randn(batch, length, 3 * heads * width, dtype=dtype, generator=generator) for length in (n, before))
+    distances, content_bias, position_bias = (
+        torch.randn(shape, dtype=dtype, generator=generator) for shape in ((before + n, heads, width), (heads, width), (heads, width))
+    )
+    params = {"heads": heads, "distances": distances, "content_bias": content_bias, "position_bias": position_bias}
+    return x, params, prefix
+
+
+register_op(
+    "relative_attention",
+    OpForms(_relative_form(naive_relative_attention), _relative_form(relative_attention), _recurrent_relative, _relative_example),
+)
