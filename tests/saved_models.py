@@ -24,11 +24,15 @@ def task_of(name: str) -> str:
     return "lm" if "lm" in model_spec(name).tasks else "classify"
 
 
-def write(name: str) -> None:
-    torch.manual_seed(0)
+def build(name: str) -> torch.nn.Module:
     task = task_of(name)
     extra = {"num_classes": 3} if task == "classify" else {}
-    model = tokenmix.build_model(name, task=task, vocab_size=20, dim=8, depth=2, **extra, **OPTIONS.get(name, {})).eval()
+    return tokenmix.build_model(name, task=task, vocab_size=20, dim=8, depth=2, **extra, **OPTIONS.get(name, {})).eval()
+
+
+def write(name: str) -> None:
+    torch.manual_seed(0)
+    model = build(name)
     model.save_pretrained(FOLDER / name)
     with torch.no_grad():
         save_file({"logits": model(TOKENS)}, str(FOLDER / name / "logits.safetensors"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -29,15 +31,16 @@ class Glu(nn.Module):
 class Gtu(StreamingBlock, nn.Module):
     """Gated token unit: W_o(u * Mixer(v)), u = act(W_u x), v = act(W_v x), at the mixer's width.
 
-    The token mixer (a TNO in TNN) is any registered mixer, so SKI/FD variants reuse this block."""
+    The token mixer (a TNO in TNN) is any registered mixer, so SKI/FD variants reuse this block.
+    ``build_mixer`` is called after the gate and value projections are drawn, so one seed gives
+    one set of initial weights whatever the mixer."""
 
-    def __init__(self, dim: int, mixer: nn.Module, activation: str = "silu", dropout: float = 0.0):
+    def __init__(self, dim: int, width: int, build_mixer: Callable[[], nn.Module], activation: str = "silu", dropout: float = 0.0):
         super().__init__()
-        width = mixer.dim
         self.act = get_activation(activation, "gtu_activation")
         self.gate = nn.Linear(dim, width)
         self.value = nn.Linear(dim, width)
-        self.mixer = mixer
+        self.mixer = build_mixer()
         self.out = nn.Linear(width, dim)
         self.dropout = nn.Dropout(dropout)
 

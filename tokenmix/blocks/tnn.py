@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
@@ -39,7 +40,8 @@ class TnnBlock(StreamingBlock, Configurable, nn.Module):
         self.configure(options, dim)
         o = self.options
         self.token_norm = nn.LayerNorm(dim)
-        self.token_mixing = Gtu(dim, self.build_part("mixer", o.expand * dim, causal), o.gtu_activation, o.dropout)
+        width = o.expand * dim
+        self.token_mixing = Gtu(dim, width, partial(self.build_part, "mixer", width, causal), o.gtu_activation, o.dropout)
         self.channel_norm = nn.LayerNorm(dim)
         self.channel_mixing = Glu(dim, o.glu_expand, o.glu_activation, o.dropout)
         self.dropout = nn.Dropout(o.dropout)
