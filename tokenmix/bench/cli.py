@@ -6,7 +6,7 @@ import json
 import math
 import platform
 import shlex
-import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -270,7 +270,7 @@ def run_bench(args) -> int:
             write_json_atomic(args.output, records)
     machine = f"{platform.machine()}, {args.threads} threads, torch {torch.__version__}, {args.device}, {args.dtype}"
     print(f"# {machine}; batch*length {args.batch_tokens}, median of {args.repeats}; source {revision or 'not a git checkout'}")
-    print("\n\n".join(format_table(rows, table_columns(rows)) for rows in sections(records)))
+    print(bench_tables(records))
     failed = [record for record in records if record["error"]]
     plots = write_plots(records, args.plot) if args.plot else []
     if args.report:
@@ -279,6 +279,11 @@ def run_bench(args) -> int:
     if failed:
         print(f"{len(failed)} of {len(records)} cases failed (see the error column)")
     return 1 if failed else 0
+
+
+def bench_tables(records: list[dict]) -> str:
+    """The tables ``tokenmix bench`` prints for its records (those it writes with --output)."""
+    return "\n\n".join(format_table(rows, table_columns(rows)) for rows in sections(records))
 
 
 def add_compare(subparsers) -> None:
@@ -329,16 +334,21 @@ def _record_problem(record: dict) -> str | None:
     return None
 
 
+def comparison_table(before_path: str, after_path: str) -> str:
+    """What ``tokenmix compare`` prints: the speed-ups of the cases two bench files share."""
+    before, after = read_records(before_path), read_records(after_path)
+    rows = comparison_rows(before, after)
+    if not rows:
+        raise ValueError(
+            "the two files share no comparable case: the same kind, name, direction and length, measured at the same "
+            "dim, batch, dtype and device"
+        )
+    for line in condition_differences(before, after):
+        warnings.warn(f"{line}: the speed-ups mix this change with the code's", stacklevel=2)
+    return format_table(rows, list(rows[0]))
+
+
 def run_compare(args) -> int:
     with user_input():
-        before, after = read_records(args.before), read_records(args.after)
-        rows = comparison_rows(before, after)
-        if not rows:
-            raise ValueError(
-                "the two files share no comparable case: the same kind, name, direction and length, measured at the same "
-                "dim, batch, dtype and device"
-            )
-    for line in condition_differences(before, after):
-        print(f"tokenmix compare: warning: {line}: the speed-ups mix this change with the code's", file=sys.stderr)
-    print(format_table(rows, list(rows[0])))
+        print(comparison_table(args.before, args.after))
     return 0

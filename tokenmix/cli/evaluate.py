@@ -108,6 +108,41 @@ def _shown(rows: list[dict], task: str) -> tuple[list[dict], list[str]]:
     return shown, ["split", "length", "loss", "ppl", "bpb", *words, "tokens", "loss_vs_first"]
 
 
+def eval_report(results: list[dict]) -> str:
+    """What ``tokenmix eval`` prints for its results (those it writes with --json): a description
+    and a table for one run, one table with a row per run and length or split for several."""
+    lines = []
+    if len(results) == 1:
+        (result,) = results
+        splits = " and ".join(result["splits"])
+        noun = "splits" if len(result["splits"]) > 1 else "split"
+        tokens = f", {result['tokenizer']} tokens" if result["tokenizer"] not in (None, "bytes") else ""
+        lines.append(
+            f"{result['model']} ({result['task']}, {result['parameters']:,} parameters{tokens}) on the {splits} {noun} of {result['data']}"
+        )
+        if result["task"] != "classify":
+            reading = "contiguous streams, memory carried across segments" if result["recurrent"] else "independent windows"
+            lines.append(f"trained at length {result['train_length']}; evaluated on {reading}")
+        shown, columns = _shown(result["results"], result["task"])
+        lines.append(format_table(shown, columns))
+    else:
+        sources = sorted({result["data"] for result in results})
+        lines.append(f"{len(results)} runs on {' and '.join(sources)}")
+        varying = [
+            key for key in ("data", "tokenizer") if len({str(result[key]) for result in results}) > 1
+        ]  # columns that tell runs apart
+        costs = [key for key in TRAINING_COLUMNS if all(key in result["training"] for result in results)]
+        table = []
+        for result in results:
+            shown, columns = _shown(result["results"], result["task"])
+            described = {"run": result["checkpoint"], "model": result["model"], "parameters": result["parameters"]}
+            cost = {TRAINING_COLUMNS[key][0]: f"{result['training'][key]:.2f}" for key in costs}
+            table += [{**described, **{key: result[key] for key in varying}, **cost, **row} for row in shown]
+        lines.append(format_table(table, ["run", "model", *varying, "parameters", *(TRAINING_COLUMNS[key][0] for key in costs), *columns]))
+        lines += [f"{TRAINING_COLUMNS[key][0]}: the last training session's {TRAINING_COLUMNS[key][1]}" for key in costs]
+    return "\n".join(lines)
+
+
 def run_eval(args) -> int:
     with user_input():
         use_threads(args)
@@ -121,35 +156,7 @@ def run_eval(args) -> int:
         for model, train_config, tokenizer, _ in runs:
             _objective(model, train_config, tokenizer, train_config["seq_len"])  # the data is still where it was
     results = [_evaluate_run(*run, args) for run in runs]
-    if len(results) == 1:
-        (result,) = results
-        splits = " and ".join(result["splits"])
-        noun = "splits" if len(result["splits"]) > 1 else "split"
-        tokens = f", {result['tokenizer']} tokens" if result["tokenizer"] not in (None, "bytes") else ""
-        print(
-            f"{result['model']} ({result['task']}, {result['parameters']:,} parameters{tokens}) on the {splits} {noun} of {result['data']}"
-        )
-        if result["task"] != "classify":
-            reading = "contiguous streams, memory carried across segments" if result["recurrent"] else "independent windows"
-            print(f"trained at length {result['train_length']}; evaluated on {reading}")
-        shown, columns = _shown(result["results"], result["task"])
-        print(format_table(shown, columns))
-    else:
-        sources = sorted({result["data"] for result in results})
-        print(f"{len(results)} runs on {' and '.join(sources)}")
-        varying = [
-            key for key in ("data", "tokenizer") if len({str(result[key]) for result in results}) > 1
-        ]  # columns that tell runs apart
-        costs = [key for key in TRAINING_COLUMNS if all(key in result["training"] for result in results)]
-        table = []
-        for result in results:
-            shown, columns = _shown(result["results"], result["task"])
-            described = {"run": result["checkpoint"], "model": result["model"], "parameters": result["parameters"]}
-            cost = {TRAINING_COLUMNS[key][0]: f"{result['training'][key]:.2f}" for key in costs}
-            table += [{**described, **{key: result[key] for key in varying}, **cost, **row} for row in shown]
-        print(format_table(table, ["run", "model", *varying, "parameters", *(TRAINING_COLUMNS[key][0] for key in costs), *columns]))
-        for key in costs:
-            print(f"{TRAINING_COLUMNS[key][0]}: the last training session's {TRAINING_COLUMNS[key][1]}")
+    print(eval_report(results))
     if args.json:
         write_json_atomic(args.json, results[0] if len(results) == 1 else results)
     return 0

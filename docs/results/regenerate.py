@@ -1,0 +1,193 @@
+"""Regenerate the results pages under docs/results/ from the project's own tools.
+
+Each page is Markdown whose figures sit in ``console`` blocks: the commands, each on a line that
+starts with ``$ `` (a trailing backslash continues it), and below each the output the tool prints
+for it, rendered from the file the command wrote: ``tokenmix eval --json FILE`` its table,
+``tokenmix bench --output FILE`` its tables, ``tokenmix compare BEFORE AFTER`` its speed-ups.
+Anything else a block shows is rewritten; the prose around the blocks is left alone. Each page
+ends with the data files it reads and the commit each was measured at.
+
+    python docs/results/regenerate.py                 # rewrite every page from its data (seconds)
+    python docs/results/regenerate.py --check         # exit 1 if a page differs from its data
+    python docs/results/regenerate.py --list [PAGE]   # the commands, in order
+    python docs/results/regenerate.py --run PAGE ...  # run the commands, then rewrite the pages
+
+``--run`` executes every command of the named pages (a stem such as ``recall``, or ``all``) in
+order, in a work directory (``--workdir``, default ``runs/results``) where ``docs`` links to this
+checkout's docs: the runs the commands train land in the work directory, the data they write in
+docs/results/data/. A run directory that already exists is refused by ``tokenmix train``, so a
+second ``--run`` needs a new work directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenmix.bench.cli import bench_tables, comparison_table
+from tokenmix.cli.evaluate import eval_report
+from tokenmix.files import write_text_atomic
+
+PAGES = Path(__file__).resolve().parent
+ROOT = PAGES.parents[1]
+BLOCK = re.compile(r"^```console\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+SOURCES_HEADING = "## Data on this page"
+
+
+@dataclass
+class Command:
+    text: str  # as shown, continuation lines included
+
+    @property
+    def argv(self) -> list[str]:
+        return shlex.split(self.text.replace("\\\n", " "))
+
+    def option(self, name: str) -> str | None:
+        argv = self.argv
+        return argv[argv.index(name) + 1] if name in argv[:-1] else None
+
+    def data_files(self) -> list[str]:
+        """The files whose content this command's output is rendered from."""
+        argv = self.argv
+        if argv[:2] == ["tokenmix", "eval"] and self.option("--json"):
+            return [self.option("--json")]
+        if argv[:2] == ["tokenmix", "bench"] and self.option("--output"):
+            return [self.option("--output")]
+        if argv[:2] == ["tokenmix", "compare"]:
+            return argv[2:4]
+        return []
+
+    def rendered_output(self) -> str:
+        """What the tool prints for this command, recomputed from the files it wrote or reads."""
+        argv, files = self.argv, [ROOT / path for path in self.data_files()]
+        if not files:
+            return ""
+        missing = [str(path.relative_to(ROOT)) for path in files if not path.is_file()]
+        if missing:
+            raise SystemExit(f"regenerate.py: {', '.join(missing)} not found: run the page's commands (--run PAGE)")
+        if argv[1] == "eval":
+            results = json.loads(files[0].read_text())
+            return eval_report([current_eval_result(result) for result in (results if isinstance(results, list) else [results])])
+        if argv[1] == "bench":
+            return bench_tables(json.loads(files[0].read_text()))
+        return comparison_table(*map(str, files))
+
+
+def current_eval_result(result: dict) -> dict:
+    """An eval record as today's ``tokenmix eval`` writes it. Records from before tokenizers name
+    bits per byte ``bpc`` (the same number for byte tokens) and have one split and no tokenizer."""
+    if "splits" in result:
+        return result
+    rows = [
+        {"split": result["split"], **{("bpb" if key == "bpc" else key): value for key, value in row.items()}} for row in result["results"]
+    ]
+    return {**result, "splits": [result["split"]], "tokenizer": None, "results": rows, "training": result.get("training", {})}
+
+
+def commands_of(block: str) -> list[Command]:
+    commands, lines = [], block.splitlines()
+    for number, line in enumerate(lines):
+        if line.startswith("$ ") and (number == 0 or not lines[number - 1].endswith("\\")):
+            text = line[2:]
+            while text.endswith("\\") and number + 1 < len(lines):
+                number += 1
+                text += "\n" + lines[number]
+            commands.append(Command(text))
+    return commands
+
+
+def rendered_block(block: str) -> str:
+    parts = []
+    for command in commands_of(block):
+        output = command.rendered_output()
+        parts.append("$ " + command.text + ("\n" + output if output else ""))
+    return "\n".join(parts) + "\n"
+
+
+def data_files(page: str) -> list[str]:
+    files = [path for block in BLOCK.findall(page) for command in commands_of(block) for path in command.data_files()]
+    return list(dict.fromkeys(files))
+
+
+def sources_section(page: str) -> str:
+    """Each data file of the page with the tokenmix version and commit its records name."""
+    rows = []
+    for path in data_files(page):
+        records = json.loads((ROOT / path).read_text())
+        records = records if isinstance(records, list) else [records]
+        commits = sorted({str(record.get("git_commit")) for record in records if record.get("git_commit")})
+        link = (ROOT / path).relative_to(PAGES)
+        rows.append(f"| [{link}]({link}) | {', '.join(commits) or '-'} |")
+    if not rows:
+        return ""
+    table = "\n".join(["| file | measured at commit |", "|---|---|", *rows])
+    return f"{SOURCES_HEADING}\n\nPrinted by `python docs/results/regenerate.py` from these files.\n\n{table}\n"
+
+
+def rendered_page(page: str) -> str:
+    body = page.split(SOURCES_HEADING)[0].rstrip() + "\n"
+    body = BLOCK.sub(lambda match: "```console\n" + rendered_block(match.group(1)) + "```", body)
+    sources = sources_section(body)
+    return body + ("\n" + sources if sources else "")
+
+
+def pages(names: list[str]) -> list[Path]:
+    every = sorted(path for path in PAGES.glob("*.md") if path.name != "README.md")
+    if not names or names == ["all"]:
+        return every
+    unknown = sorted(set(names) - {path.stem for path in every})
+    if unknown:
+        raise SystemExit(f"regenerate.py: no page {unknown}; the pages are {[path.stem for path in every]} (or all)")
+    return [path for path in every if path.stem in names]
+
+
+def run(paths: list[Path], workdir: Path) -> None:
+    workdir.mkdir(parents=True, exist_ok=True)
+    link = workdir / "docs"
+    if not link.exists():
+        link.symlink_to(ROOT / "docs")
+    for path in paths:
+        commands = [command for block in BLOCK.findall(path.read_text()) for command in commands_of(block)]
+        for number, command in enumerate(commands, 1):
+            print(f"[{path.stem} {number}/{len(commands)}] $ {command.text}", flush=True)
+            subprocess.run(["bash", "-c", command.text], cwd=workdir, check=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("pages", nargs="*", help="page stems (default: every page)")
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--check", action="store_true", help="report the pages that differ from their data; change nothing")
+    action.add_argument("--list", action="store_true", help="print the pages' commands")
+    action.add_argument("--run", action="store_true", help="run the pages' commands before rewriting them")
+    parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "results", help="where --run trains (default runs/results)")
+    args = parser.parse_args()
+    paths = pages(args.pages)
+    if args.list:
+        for path in paths:
+            for block in BLOCK.findall(path.read_text()):
+                print("\n".join(f"$ {command.text}" for command in commands_of(block)))
+        return 0
+    if args.run:
+        run(paths, args.workdir)
+    stale = []
+    for path in paths:
+        page, rendered = path.read_text(), rendered_page(path.read_text())
+        if page != rendered:
+            stale.append(path.name)
+            if not args.check:
+                write_text_atomic(path, rendered)
+    if args.check and stale:
+        print(f"out of date: {', '.join(stale)} (run python docs/results/regenerate.py)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
