@@ -5,29 +5,21 @@ from __future__ import annotations
 from torch import nn
 
 from ..options import refuse_unknown
+from ..registry import Registry
 
-_MIXERS: dict[str, type] = {}
+_MIXERS: Registry[type] = Registry("mixer name")
 
 
 def register_mixer(name: str):
     """Class decorator adding a mixer under ``name``."""
-
-    def add(cls):
-        if name in _MIXERS:
-            raise ValueError(f"mixer {name!r} is already registered")
-        _MIXERS[name] = cls
-        return cls
-
-    return add
+    return lambda cls: _MIXERS.add(name, cls)
 
 
 def list_mixers() -> list[str]:
-    return sorted(_MIXERS)
+    return _MIXERS.names()
 
 
 def mixer_class(name: str):
-    if name not in _MIXERS:
-        raise ValueError(f"mixer name must be one of {list_mixers()}, got {name!r}")
     return _MIXERS[name]
 
 

@@ -9,6 +9,7 @@ from torch import nn
 from ..blocks import FourierXlStack, MegaBlock, TcncaSimpleBlock, TnnBlock, TransformerBlock, XlBlock
 from ..mixers.parts import leaf_names
 from ..options import refuse_unknown
+from ..registry import Registry
 
 TASKS = ("lm", "mlm", "classify")
 
@@ -42,31 +43,32 @@ class ModelSpec:
     tasks: tuple[str, ...] = TASKS
 
 
-_MODELS: dict[str, ModelSpec] = {
-    "tnn": ModelSpec(Repeated(TnnBlock), {"mixer": "tno"}, "Toeplitz neural network: GTU(TNO) + GLU blocks"),
-    "ski_tnn": ModelSpec(Repeated(TnnBlock), {"mixer": "ski_tno"}, "TNN with the sparse + low-rank SKI-TNO"),
-    "fd_tnn": ModelSpec(Repeated(TnnBlock), {"mixer": "fd_tno"}, "TNN with the frequency-domain FD-TNO"),
-    "tnn2d": ModelSpec(
-        Repeated(TnnBlock), {"mixer": "tno2d"}, "TNN on a 2-D token grid: GTU(TNO 2-D) + GLU blocks (option grid)", ("mlm", "classify")
-    ),
-    "mega": ModelSpec(Repeated(MegaBlock), {"sequence_mixer": "ema"}, "MEGA: damped EMA + gated single-head chunked attention"),
-    "tcnca": ModelSpec(Repeated(MegaBlock), {"sequence_mixer": "tcn"}, "TCNCA: the MEGA block with a dilated TCN instead of the EMA"),
-    "tcnca_simple": ModelSpec(Repeated(TcncaSimpleBlock), {}, "TCNCA-simple: pre-norm TCN -> chunked attention -> MLP"),
-    "transformer": ModelSpec(Repeated(TransformerBlock), {}, "pre-norm Transformer: full multi-head attention (rotary) + FFN"),
-    "transformer_xl": ModelSpec(
-        Repeated(XlBlock), {"mixer": "relative_attention"}, "Transformer-XL: relative attention over [memory; segment]", ("lm",)
-    ),
-    "fnet_ar_xl": ModelSpec(FourierXlStack(), {}, "Transformer-XL with half its attention layers replaced by FNetAR mixing", ("lm",)),
-}
+_MODELS: Registry[ModelSpec] = Registry(
+    "name",
+    {
+        "tnn": ModelSpec(Repeated(TnnBlock), {"mixer": "tno"}, "Toeplitz neural network: GTU(TNO) + GLU blocks"),
+        "ski_tnn": ModelSpec(Repeated(TnnBlock), {"mixer": "ski_tno"}, "TNN with the sparse + low-rank SKI-TNO"),
+        "fd_tnn": ModelSpec(Repeated(TnnBlock), {"mixer": "fd_tno"}, "TNN with the frequency-domain FD-TNO"),
+        "tnn2d": ModelSpec(
+            Repeated(TnnBlock), {"mixer": "tno2d"}, "TNN on a 2-D token grid: GTU(TNO 2-D) + GLU blocks (option grid)", ("mlm", "classify")
+        ),
+        "mega": ModelSpec(Repeated(MegaBlock), {"sequence_mixer": "ema"}, "MEGA: damped EMA + gated single-head chunked attention"),
+        "tcnca": ModelSpec(Repeated(MegaBlock), {"sequence_mixer": "tcn"}, "TCNCA: the MEGA block with a dilated TCN instead of the EMA"),
+        "tcnca_simple": ModelSpec(Repeated(TcncaSimpleBlock), {}, "TCNCA-simple: pre-norm TCN -> chunked attention -> MLP"),
+        "transformer": ModelSpec(Repeated(TransformerBlock), {}, "pre-norm Transformer: full multi-head attention (rotary) + FFN"),
+        "transformer_xl": ModelSpec(
+            Repeated(XlBlock), {"mixer": "relative_attention"}, "Transformer-XL: relative attention over [memory; segment]", ("lm",)
+        ),
+        "fnet_ar_xl": ModelSpec(FourierXlStack(), {}, "Transformer-XL with half its attention layers replaced by FNetAR mixing", ("lm",)),
+    },
+)
 
 
 def list_models() -> list[str]:
-    return sorted(_MODELS)
+    return _MODELS.names()
 
 
 def model_spec(name: str) -> ModelSpec:
-    if name not in _MODELS:
-        raise ValueError(f"name must be one of {list_models()}, got {name!r}")
     return _MODELS[name]
 
 

@@ -1,6 +1,6 @@
 """Pure tensor functions without parameters; every op registers its naive, parallel and recurrent forms (``forms.py``)."""
 
-from . import attention, dilated, ema, fourier, online_toeplitz, ski, toeplitz, toeplitz2d  # noqa: F401  (register the op forms)
+from . import attention, dilated, ema, fourier, hilbert, online_toeplitz, ski, toeplitz, toeplitz2d  # noqa: F401  (register the op forms)
 from .activations import ACTIVATIONS, get_activation
 from .fft import fast_fft_size, hermitian_weights, spectral_dtype
 from .forms import OpForms, list_ops, op_forms

@@ -27,7 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from ..state import StreamState
-from .forms import OpForms, register_op, returned, token_by_token
+from .forms import OpForms, register_op, returned, token_by_token, without_state
 from .second_order import double_backward_enabled
 
 RelativeBias = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # positions i (q,), j (k,) -> (q, k) bias b[i - j]
@@ -285,6 +285,32 @@ def _attention_example(batch: int, n: int, dim: int, dtype: torch.dtype, generat
 register_op(
     "causal_chunked_attention",
     OpForms(_with_prefix(naive_causal_attention), _with_prefix(parallel_causal_attention), recurrent_attention, _attention_example),
+)
+
+
+def _bidirectional(attend):
+    """A bidirectional form: every query sees the keys of its block."""
+
+    def run(x: torch.Tensor, params: dict) -> torch.Tensor:
+        q, k, v = _heads(x, params["heads"])
+        return _merged(attend(q, k, v, params["chunk_size"]))
+
+    return without_state(run)
+
+
+def _bidirectional_example(batch: int, n: int, dim: int, dtype: torch.dtype, generator: torch.Generator):
+    x, params, _ = _attention_example(batch, n, dim, dtype, generator)
+    return x, params, None
+
+
+register_op(
+    "chunked_attention",
+    OpForms(
+        _bidirectional(lambda q, k, v, chunk_size: naive_attention(q, k, v, chunk_mask(q.shape[2], chunk_size, False))),
+        _bidirectional(lambda q, k, v, chunk_size: chunked_attention(q, k, v, chunk_size, False)),
+        None,
+        _bidirectional_example,
+    ),
 )
 
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..registry import Registry
+
 Form = Callable[..., torch.Tensor | tuple[torch.Tensor, object]]
 
 
@@ -36,23 +38,18 @@ class OpForms:
         return self.recurrent is not None
 
 
-_OPS: dict[str, OpForms] = {}
+_OPS: Registry[OpForms] = Registry("op")
 
 
 def register_op(name: str, forms: OpForms) -> OpForms:
-    if name in _OPS:
-        raise ValueError(f"op {name!r} is already registered")
-    _OPS[name] = forms
-    return forms
+    return _OPS.add(name, forms)
 
 
 def list_ops() -> list[str]:
-    return sorted(_OPS)
+    return _OPS.names()
 
 
 def op_forms(name: str) -> OpForms:
-    if name not in _OPS:
-        raise ValueError(f"op must be one of {list_ops()}, got {name!r}")
     return _OPS[name]
 
 

@@ -13,6 +13,10 @@ import math
 
 import torch
 
+from .fft import fast_fft_size
+from .forms import OpForms, register_op, without_state
+from .toeplitz import naive_toeplitz_matvec, spectral_matvec
+
 
 def causal_window(fft_size: int, dtype=torch.float32, device=None) -> torch.Tensor:
     """[1, 2, ..., 2, 1, 0, ..., 0]: 1 at lags 0 and N/2, 2 between, 0 at the negative lags."""
@@ -53,3 +57,27 @@ def naive_causal_spectrum(response: torch.Tensor, fft_size: int) -> torch.Tensor
     circulant = kernel[(torch.arange(n)[:, None] - torch.arange(n)[None, :]) % n]
     transform = full.to(torch.float64) @ circulant.t()
     return torch.complex(full.to(torch.float64), -transform)[..., : n // 2 + 1]
+
+
+# -- the forms of ``ops/forms.py``: FD-TNO's causal product, params the real response (d, N/2 + 1), N = fast_fft_size(2n)
+
+
+def _naive_causal_fd(x: torch.Tensor, params: dict) -> torch.Tensor:
+    """The causal taps from Definition 1's spectrum, then the explicit lower-triangular Toeplitz matrix."""
+    n, fft_size = x.shape[1], fast_fft_size(2 * x.shape[1])
+    taps = torch.fft.irfft(naive_causal_spectrum(params["response"], fft_size), n=fft_size, dim=-1)[:, :n]
+    return naive_toeplitz_matvec(x, taps.t().to(x.dtype), True)
+
+
+def _causal_fd(x: torch.Tensor, params: dict) -> torch.Tensor:
+    fft_size = fast_fft_size(2 * x.shape[1])
+    return spectral_matvec(x, causal_spectrum(params["response"], fft_size), fft_size)
+
+
+def _response_example(batch: int, n: int, dim: int, dtype: torch.dtype, generator: torch.Generator):
+    frequencies = fast_fft_size(2 * n) // 2 + 1
+    response = torch.randn(dim, frequencies, dtype=dtype, generator=generator)
+    return torch.randn(batch, n, dim, dtype=dtype, generator=generator), {"response": response}, None
+
+
+register_op("causal_fd_toeplitz", OpForms(without_state(_naive_causal_fd), without_state(_causal_fd), None, _response_example))

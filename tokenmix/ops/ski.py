@@ -168,6 +168,10 @@ def _sparse_ski(x: torch.Tensor, params: dict) -> torch.Tensor:
     return ski_sparse_matvec(x, index, weight.to(x.dtype), params["kernel"])
 
 
+def _dense_ski(x: torch.Tensor, params: dict) -> torch.Tensor:
+    return ski_dense_matvec(x, dense_interpolation(x.shape[1], params["rank"], params["degree"], x.device), params["kernel"])
+
+
 def _ski_example(degree: int):
     def example(batch: int, n: int, dim: int, dtype: torch.dtype, generator: torch.Generator):
         rank = 6
@@ -179,6 +183,7 @@ def _ski_example(degree: int):
 
 
 register_op("ski", OpForms(without_state(_naive_ski), without_state(_sparse_ski), None, _ski_example(3)))
+register_op("ski_dense", OpForms(without_state(_naive_ski), without_state(_dense_ski), None, _ski_example(3)))
 register_op(
     "ski_linear",
     OpForms(without_state(_naive_ski), without_state(lambda x, params: ski_linear_matvec(x, params["kernel"])), None, _ski_example(1)),
