@@ -1,5 +1,5 @@
 """Long Range Arena files in the release layouts, with random content: the tests' fixtures, and, at the
-release's sizes, the files on which the CPU-scale presets' time and memory are measured (docs/lra.md).
+release's sizes, the files on which the CPU-scale presets' time and memory are measured (docs/results/lra.md).
 
 Random texts, pairs and pixels carry no signal: a model trained on them scores the majority class.
 

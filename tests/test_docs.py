@@ -44,3 +44,62 @@ def test_architecture_page_lists_capabilities_every_mixer_has():
     text = (ROOT / "docs" / "architecture.md").read_text()
     listed = re.findall(r"^\| `(\w+)` \|", text, re.MULTILINE)
     assert len(listed) >= 7 and all(hasattr(Mixer, name) for name in listed), listed
+
+
+def results_pages():
+    """``docs/results/regenerate.py``, loaded from its file (it is the docs' script, not a package module)."""
+    import importlib.util
+    import sys
+
+    if "results_regenerate" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("results_regenerate", ROOT / "docs" / "results" / "regenerate.py")
+        sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # before it runs: its dataclass looks itself up there
+        spec.loader.exec_module(sys.modules[spec.name])
+    return sys.modules["results_regenerate"]
+
+
+def test_results_pages_show_what_their_data_renders():
+    """Every table on docs/results/ is what its command printed from its data file: regenerate with
+    ``python docs/results/regenerate.py``, never by editing a page's console blocks."""
+    regenerate = results_pages()
+    pages = regenerate.pages([])
+    assert len(pages) >= 4
+    stale = [page.name for page in pages if page.read_text() != regenerate.rendered_page(page.read_text())]
+    assert not stale, f"out of date: {stale}"
+
+
+def test_a_figure_typed_into_a_results_page_is_rewritten_from_its_data():
+    regenerate = results_pages()
+    page = (ROOT / "docs" / "results" / "demo.md").read_text()
+    edited = re.sub(r"(\|\s+test \|\s+512 \| )(\d)", lambda match: match.group(1) + str((int(match.group(2)) + 1) % 10), page, count=1)
+    assert edited != page
+    assert regenerate.rendered_page(edited) == page
+
+
+def test_every_file_under_docs_results_is_shown_by_a_page():
+    """Data and figures nothing links to are left over from a measurement no page shows any more."""
+    pages = "".join(page.read_text() for page in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
+    folder = ROOT / "docs" / "results"
+    files = [path for kind in ("data", "figures") for path in (folder / kind).rglob("*") if path.is_file()]
+    unshown = [name for name in (str(path.relative_to(folder)) for path in files) if name not in pages]
+    assert files and not unshown, unshown
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lowercase, punctuation dropped, spaces as hyphens."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", page.read_text(), flags=re.DOTALL), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+def test_links_between_pages_reach_a_file_and_a_heading():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue  # a web address
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists() or (anchor and linked.suffix == ".md" and anchor not in anchors(linked)):
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, broken

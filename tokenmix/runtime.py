@@ -2,7 +2,7 @@
 
 glibc serves every allocation above its mmap threshold (at most 32 MB by default) with a fresh
 ``mmap`` and returns it on free, so each large temporary of a long-sequence step is page-faulted in
-again: on 2 CPU cores that costs more than the FFTs (docs/ski_fd.md has the before/after timings).
+again: on 2 CPU cores that costs more than the FFTs (docs/results/speed.md, "Keeping freed memory").
 Raising the mmap and trim thresholds makes freed blocks reusable. The price: the process keeps
 its peak heap instead of returning it to the system. The CLI turns this on for every command;
 set ``TOKENMIX_RETAIN_FREED_MEMORY=0`` to keep the default allocator behaviour.

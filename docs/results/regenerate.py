@@ -11,12 +11,14 @@ ends with the data files it reads and the commit each was measured at.
     python docs/results/regenerate.py --check         # exit 1 if a page differs from its data
     python docs/results/regenerate.py --list [PAGE]   # the commands, in order
     python docs/results/regenerate.py --run PAGE ...  # run the commands, then rewrite the pages
+    python docs/results/regenerate.py --run speed --section "Keeping freed memory"   # one section's
 
 ``--run`` executes every command of the named pages (a stem such as ``recall``, or ``all``) in
-order, in a work directory (``--workdir``, default ``runs/results``) where ``docs`` links to this
-checkout's docs: the runs the commands train land in the work directory, the data they write in
-docs/results/data/. A run directory that already exists is refused by ``tokenmix train``, so a
-second ``--run`` needs a new work directory.
+order, in a work directory (``--workdir``, default ``runs/results``) where ``docs`` and ``tests``
+link to this checkout's: the runs the commands train land in the work directory, the data they
+write in docs/results/data/. A command that finished in the work directory before is not run
+again, so an interrupted ``--run`` continues where it stopped and a run two pages use is trained
+once; a fresh measurement needs a fresh work directory.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ PAGES = Path(__file__).resolve().parent
 ROOT = PAGES.parents[1]
 BLOCK = re.compile(r"^```console\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 SOURCES_HEADING = "## Data on this page"
+COMPLETED = "completed-commands"  # in a --run work directory: the commands that finished there, NUL-separated
 
 
 @dataclass
@@ -46,7 +49,11 @@ class Command:
 
     @property
     def argv(self) -> list[str]:
-        return shlex.split(self.text.replace("\\\n", " "))
+        """The tool's words: without a leading ``time`` or ``NAME=value`` environment settings."""
+        words = shlex.split(self.text.replace("\\\n", " "))
+        while words and (words[0] == "time" or re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0])):
+            words = words[1:]
+        return words
 
     def option(self, name: str) -> str | None:
         argv = self.argv
@@ -82,8 +89,8 @@ class Command:
 def current_eval_result(result: dict) -> dict:
     """An eval record as today's ``tokenmix eval`` writes it. Records from before tokenizers name
     bits per byte ``bpc`` (the same number for byte tokens) and have one split and no tokenizer."""
-    if "splits" in result:
-        return result
+    if "splits" in result:  # records from before eval named a run's tokenizer and training cost
+        return {"tokenizer": None, "training": {}, **result}
     rows = [
         {"split": result["split"], **{("bpb" if key == "bpc" else key): value for key, value in row.items()}} for row in result["results"]
     ]
@@ -147,16 +154,39 @@ def pages(names: list[str]) -> list[Path]:
     return [path for path in every if path.stem in names]
 
 
-def run(paths: list[Path], workdir: Path) -> None:
+def page_commands(page: str, section: str | None = None) -> list[Command]:
+    """The commands of a page's blocks, in order; with ``section``, only those under the heading of that title."""
+    commands, heading = [], None
+    for part in re.split(r"(^#+ [^\n]*$|^```console\n.*?^```$)", page, flags=re.MULTILINE | re.DOTALL):
+        if part.startswith("#"):
+            heading = part.lstrip("#").strip()
+        elif part.startswith("```console") and section in (None, heading):
+            commands += commands_of(BLOCK.match(part).group(1))
+    return commands
+
+
+def run(paths: list[Path], workdir: Path, section: str | None = None) -> None:
+    """Each page's commands in order, in ``workdir``; those listed in its ``COMPLETED`` file ran there before."""
     workdir.mkdir(parents=True, exist_ok=True)
-    link = workdir / "docs"
-    if not link.exists():
-        link.symlink_to(ROOT / "docs")
+    for name in ("docs", "tests"):  # the data files and the fixture scripts the commands name
+        if not (workdir / name).exists():
+            (workdir / name).symlink_to(ROOT / name)
+    completed_file = workdir / COMPLETED
+    completed = set(completed_file.read_text().split("\0")) if completed_file.exists() else set()
     for path in paths:
-        commands = [command for block in BLOCK.findall(path.read_text()) for command in commands_of(block)]
+        commands = page_commands(path.read_text(), section)
+        if section and not commands:
+            raise SystemExit(f"regenerate.py: {path.name} has no commands under a heading {section!r}")
         for number, command in enumerate(commands, 1):
-            print(f"[{path.stem} {number}/{len(commands)}] $ {command.text}", flush=True)
+            label = f"[{path.stem} {number}/{len(commands)}]"
+            if command.text in completed:
+                print(f"{label} ran before in {workdir}: $ {command.text}", flush=True)
+                continue
+            print(f"{label} $ {command.text}", flush=True)
             subprocess.run(["bash", "-c", command.text], cwd=workdir, check=True)
+            completed.add(command.text)
+            with completed_file.open("a") as log:
+                log.write(command.text + "\0")
 
 
 def main() -> int:
@@ -166,16 +196,16 @@ def main() -> int:
     action.add_argument("--check", action="store_true", help="report the pages that differ from their data; change nothing")
     action.add_argument("--list", action="store_true", help="print the pages' commands")
     action.add_argument("--run", action="store_true", help="run the pages' commands before rewriting them")
+    parser.add_argument("--section", help="with --run or --list: only the commands under the heading of this title")
     parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "results", help="where --run trains (default runs/results)")
     args = parser.parse_args()
     paths = pages(args.pages)
     if args.list:
         for path in paths:
-            for block in BLOCK.findall(path.read_text()):
-                print("\n".join(f"$ {command.text}" for command in commands_of(block)))
+            print("\n".join(f"$ {command.text}" for command in page_commands(path.read_text(), args.section)))
         return 0
     if args.run:
-        run(paths, args.workdir)
+        run(paths, args.workdir, args.section)
     stale = []
     for path in paths:
         page, rendered = path.read_text(), rendered_page(path.read_text())

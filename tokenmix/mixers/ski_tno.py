@@ -11,7 +11,7 @@ Per channel y = T_sparse x + W A W^T x:
   O(n + r log r) with r growing in n).
 W A W^T x runs densely (matmuls, the paper's practical choice) or sparsely (linear: native
 upsampling kernels; cubic: gather/scatter), O(n + r log r) per channel; ``path="auto"`` picks by
-length and interpolation, from the measurements in docs/ski_fd.md.
+length and interpolation, from the measurements in docs/results/speed.md ("Choosing the SKI path").
 
 Knot values and taps are stored divided by ``gain`` (default 8) and multiplied back: Adam moves a
 parameter by about lr per step, and each of these is a kernel value on its own (a TNN kernel value
@@ -58,7 +58,7 @@ from .toeplitz_stream import ToeplitzStreaming
 
 PATHS = ("auto", "dense", "sparse")
 # path="auto": the sparse path from this length on, per interpolation (None: never). Measured with
-# `tokenmix bench --mixers ski_tno -o path=... -o interpolation=...` at lengths 256-16384 (docs/ski_fd.md):
+# `tokenmix bench --mixers ski_tno -o path=... -o interpolation=...` at lengths 256-16384 (docs/results/speed.md):
 # linear upsampling beat the matmuls at every length, the cubic gather/scatter at none.
 SPARSE_FROM_LENGTH = {"linear": 1, "cubic": None}
 

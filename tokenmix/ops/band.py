@@ -71,7 +71,7 @@ def _channel_major(image: torch.Tensor, before: int, after: int) -> torch.Tensor
     """(batch, d, R, delta) image -> contiguous (d, batch * delta, before + R + after): rows per phase, zero-padded.
 
     The transposing copy runs in row chunks of about 2^18 elements: PyTorch's one-shot strided copy
-    of the whole tensor was several times slower (docs/ski_fd.md, "SKI speed-up").
+    of the whole tensor was several times slower (docs/ski_fd.md, "The band, fast on CPU").
     """
     batch, d, rows, dilation = image.shape
     major = image.new_empty(d, batch, dilation, before + rows + after)

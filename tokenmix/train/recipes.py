@@ -193,7 +193,7 @@ def _transformer_recipes() -> None:
         _add(f"lra-{task}-transformer", description, TRANSFORMER_SOURCE, model="transformer", options=options, **common)
 
 
-# --- Every LRA recipe at CPU scale (docs/lra.md, "Every preset on a CPU"): the same model, options and optimizer,
+# --- Every LRA recipe at CPU scale (docs/results/lra.md, "Every preset on a CPU"): the same model, options and optimizer,
 # two layers of width 64 (Path-X: 32), batches that fit 4 GB, less data, 10 minutes of training on one core. ---
 LRA_CPU = {
     "listops": dict(data="listops:max_length=256:min_length=30:train=20000", batch_size=32),
@@ -233,7 +233,7 @@ def _listops_cpu_recipes() -> None:
         )
 
 
-# --- the 2-D operator against a 1-D TNN on the same pixels (docs/lra.md, "2-D images on a CPU") ---
+# --- the 2-D operator against a 1-D TNN on the same pixels (docs/results/lra.md, "2-D images") ---
 def _shapes_recipes() -> None:
     common = dict(task="classify", data="shapes", dim=64, depth=2, batch_size=32, lr=2e-3, warmup=100, steps=None, minutes=5.0)
     common.update(schedule="cosine", weight_decay=0.1, threads=1, eval_every=100, pool="mean")
@@ -270,8 +270,8 @@ XL_BASE = dict(
 )  # fmt: skip
 XL_OPTIONS = {"heads": 10, "ffn_expand": 2100 / 410, "memory_length": 150}
 XL_SOURCE = "Transformer-XL WikiText-103 base script (kimiyoung/transformer-xl); FNetAR (Lou et al., arXiv 2107.10932) §III.1"
-# The CPU-scale runs of docs/language.md: the README demo's settings with a BPE; the XL models with the step
-# counts their byte-level runs reached in six minutes (docs/results.md), so each pair trains equally long.
+# The CPU-scale runs of docs/results/language_models.md: the README demo's settings with a BPE; the XL models with the step
+# counts their byte-level runs reached in six minutes (docs/results/language_models.md), so each pair trains equally long.
 SHAKESPEARE_BPE_MODELS = {
     "tnn": {},
     "fd_tnn": {},
