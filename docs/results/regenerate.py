@@ -121,12 +121,12 @@ def rendered_block(block: str) -> str:
 
 
 def data_files(page: str) -> list[str]:
-    files = [path for block in BLOCK.findall(page) for command in commands_of(block) for path in command.data_files()]
+    files = [path for command in page_commands(page) for path in command.data_files()]
     return list(dict.fromkeys(files))
 
 
 def sources_section(page: str) -> str:
-    """Each data file of the page with the tokenmix version and commit its records name."""
+    """Each data file of the page with the commits its records name."""
     rows = []
     for path in data_files(page):
         records = json.loads((ROOT / path).read_text())
