@@ -14,7 +14,7 @@ from conftest import LENGTHS, assert_causal_gradient, relative_error
 
 import tokenmix
 from tokenmix.blocks.mega import sequence_mixers
-from tokenmix.mixers.base import SEQUENCE_SPLITS
+from tokenmix.mixers.base import SEQUENCE_SPLITS, zero_padding
 from tokenmix.mixers.registry import mixer_class, resolve_mixer_options
 from tokenmix.models.config import POOLS
 from tokenmix.models.registry import model_spec, resolve_model_options
@@ -369,13 +369,57 @@ def test_channel_independence_is_declared_exactly(name, causal):
 
 @pytest.mark.parametrize(("name", "causal"), MODES)
 def test_sequence_split_rests_on_what_the_mixer_declares(name, causal):
-    """A halo needs a finite reach, a channel split independent channels, a head split heads that divide the width."""
+    """A halo needs a finite reach, a channel split channel slices, a body the parts it runs."""
     layer = mixer(name, causal, **REACH_OPTIONS.get(name, {}))
     split = layer.sequence_split
     assert split is None or split in SEQUENCE_SPLITS
     assert (split == "halo") == (layer.reach is not None)
-    assert split != "channels" or layer.channel_independent
-    assert split != "heads" or (isinstance(layer.heads, int) and layer.dim % layer.heads == 0)
+    assert split != "channels" or (layer.channel_slices and layer.channel_independent)
+    assert split != "body" or all(part.sequence_split is not None for part in layer.stream_parts())
+
+
+CHANNEL_SLICED = [(name, causal) for name, causal in MODES if mixer_class(name).channel_slices]
+
+
+@pytest.mark.parametrize(("name", "causal"), CHANNEL_SLICED)
+@pytest.mark.parametrize("n", LENGTHS)
+def test_a_slice_of_channels_mixes_as_in_the_whole(name, causal, n):
+    """``mix_channels(x[..., c], mask, c)`` is ``mix(x)[..., c]``, forward and gradient (what a channel split runs)."""
+    layer = mixer(name, causal).double()
+    x = torch.randn(2, n, DIM, dtype=torch.float64, requires_grad=True)
+    mask = torch.ones(2, n, dtype=torch.bool)
+    mask[1, n // 2 :] = False
+    mask[0, 0] = n == 1  # row 0 starts with padding
+    whole = layer(x, mask)
+    upstream = torch.randn_like(whole)
+    expected = torch.autograd.grad((whole * upstream).sum(), [x, *layer.parameters()])
+    pieces = [slice(0, 3), slice(3, 4), slice(4, DIM)]
+    got = [layer.mix_channels(zero_padding(x[..., piece], mask), mask, piece) for piece in pieces]
+    for piece, y in zip(pieces, got, strict=True):
+        assert relative_error(y, whole[..., piece]) < 1e-12
+    total = sum((y * upstream[..., piece]).sum() for piece, y in zip(pieces, got, strict=True))
+    for grad, want in zip(torch.autograd.grad(total, [x, *layer.parameters()]), expected, strict=True):
+        torch.testing.assert_close(grad, want, rtol=1e-10, atol=1e-12)
+
+
+HALO_MODES = [(name, causal) for name, causal in MODES if mixer(name, causal, **REACH_OPTIONS.get(name, {})).reach is not None]
+
+
+@pytest.mark.parametrize(("name", "causal"), HALO_MODES)
+@pytest.mark.parametrize("n", [7, 100, 128])
+def test_the_halo_span_alone_gives_the_outputs_of_the_whole_sequence(name, causal, n):
+    """A forward over ``halo_span(start, stop, n)`` alone gives the outputs [start, stop) of one forward over
+    all n tokens (what a halo split runs), for shards anywhere, shorter and longer than the reach."""
+    layer = mixer(name, causal, **REACH_OPTIONS.get(name, {})).double()
+    x = torch.randn(2, n, DIM, dtype=torch.float64)
+    mask = torch.ones(2, n, dtype=torch.bool)
+    mask[0, : n // 3] = False
+    whole = layer(x, mask)
+    for start, stop in [(0, 1), (0, n), (n // 2, n), (n // 3, n // 3 + 1), (n // 4, 3 * n // 4), (n - 1, n)]:
+        begin, end = layer.halo_span(start, stop, n)
+        assert 0 <= begin <= start < stop <= end <= n
+        part = layer(x[:, begin:end], mask[:, begin:end])[:, start - begin : stop - begin]
+        assert relative_error(part, whole[:, start:stop]) < 1e-12, (start, stop, begin, end)
 
 
 @pytest.mark.parametrize("name", [name for name in tokenmix.list_mixers() if mixer_class(name).mixes_context])

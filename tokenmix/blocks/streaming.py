@@ -53,6 +53,8 @@ class PartSteps:
 class StreamingBlock:
     """Mixin: ``forward`` and ``step`` from ``body(x, mask, run)`` and the parts ``stream_parts()``."""
 
+    sequence_split = "body"  # context parallelism: the body works token by token around its parts, which split their own way
+
     def stream_parts(self) -> list:  # pragma: no cover - abstract
         raise NotImplementedError
 

@@ -63,6 +63,7 @@ class XlBlock(Configurable, nn.Module):
 
     options_type = XlOptions
     recurrent = True
+    sequence_split = None  # context parallelism: not yet (its memory would pass from shard to shard)
 
     @classmethod
     def parts(cls) -> list[Part]:

@@ -19,7 +19,7 @@ from ..fields import Choice, Integer, setting
 from ..ops.attention import AttentionCache, cached_attention, chunked_attention, empty_cache, rotary
 from ..options import Options
 from ..validation import check_int
-from .base import PADDING_SIDES, Mixer
+from .base import PADDING_SIDES, Mixer, zero_padding
 from .registry import register_mixer
 
 POSITIONS = ("rotary", "bias", "none")
@@ -71,6 +71,17 @@ class AttentionCore:
         """``chunk_padding_sides``."""
         return chunk_padding_sides(self.chunk_size)
 
+    sequence_axis = 2  # q, k and v are (batch, heads, n, width)
+
+    @property
+    def sequence_split(self) -> str:
+        """Chunks by their halo (whole chunks), full attention by its heads (``Mixer.sequence_split``)."""
+        return "heads" if self.chunk_size is None else "halo"
+
+    def halo_span(self, start: int, stop: int, length: int) -> tuple[int, int]:
+        """``chunk_span``."""
+        return chunk_span(start, stop, length, self.chunk_size, self.causal)
+
     def __call__(self, qkv, mask: torch.Tensor | None) -> torch.Tensor:
         q, k, v = qkv
         q, k = self.position.rotate(q, k)
@@ -88,6 +99,14 @@ class AttentionCore:
 def chunk_padding_sides(chunk_size: int | None) -> tuple[str, ...]:
     """Full attention sees offsets only (both sides); chunks start at multiples of ``chunk_size`` from the first token (right only)."""
     return PADDING_SIDES if chunk_size is None else ("right",)
+
+
+def chunk_span(start: int, stop: int, length: int, chunk_size: int, causal: bool) -> tuple[int, int]:
+    """The tokens [begin, end) that chunked attention at [start, stop) reads: from the start of the chunk
+    holding ``start`` (chunks start at multiples of ``chunk_size``) to ``stop`` (causal) or the end of the
+    chunk holding ``stop - 1``."""
+    end = stop if causal else min(length, -(-stop // chunk_size) * chunk_size)
+    return start // chunk_size * chunk_size, end
 
 
 def relative_reach(max_distance: int | None, chunk_size: int | None) -> int:
@@ -163,8 +182,18 @@ class Attention(Mixer):
 
     @property
     def sequence_split(self) -> str:
-        """Chunks by their halo; full attention by its heads."""
-        return "heads" if self.chunk_size is None else "halo"
+        """Chunks by their halo (whole chunks); full attention projects its shard and splits its core by heads."""
+        return "body" if self.chunk_size is None else "halo"
+
+    def halo_span(self, start: int, stop: int, length: int) -> tuple[int, int]:
+        return self.core.halo_span(start, stop, length)
+
+    def stream_parts(self) -> list:
+        return [self.core]
+
+    def body(self, x: torch.Tensor, mask: torch.Tensor | None, run) -> torch.Tensor:
+        """``mix`` with the core run by ``run`` (context parallelism: over head shards)."""
+        return self.merged(run(self.core, tuple(self.heads_of(zero_padding(x, mask)))))
 
     def heads_of(self, x: torch.Tensor) -> torch.Tensor:
         """(q, k, v) stacked: (3, batch, heads, n, dim / heads)."""

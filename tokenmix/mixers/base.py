@@ -45,7 +45,7 @@ def zero_padding(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
 
 
 PADDING_SIDES = ("left", "right")
-SEQUENCE_SPLITS = ("halo", "channels", "heads")  # the ways ``Mixer.sequence_split`` names
+SEQUENCE_SPLITS = ("halo", "channels", "heads", "body")  # the ways ``Mixer.sequence_split`` names
 
 
 def common_padding_sides(parts) -> tuple[str, ...]:
@@ -81,8 +81,11 @@ class Mixer(Configurable, nn.Module):
     """Sides ("left", "right") on which padding a sequence leaves the outputs at its real tokens those of the sequence alone."""
     token_axes = 1
     """1: tokens form a sequence; 2: a grid (H, W) flattened row by row."""
+    sequence_axis = 1  # of x (batch, length, dim): where context parallelism splits it
     channelwise_linear = False
     """Each channel's outputs are a fixed linear map of that channel's inputs: a (dim, n, n) operator."""
+    channel_slices = False
+    """Has ``mix_channels(x, mask, channels)``: some of its channels mixed from those channels alone."""
     bounded_state = False
     """Streaming: the state keeps one size at every position (a window, a chunk, a recurrence) instead of
     growing. Read it on an instance: options may decide it (``attention`` with a ``chunk_size``)."""
@@ -97,8 +100,8 @@ class Mixer(Configurable, nn.Module):
     @property
     def channel_independent(self) -> bool:
         """Each output channel depends on the same input channel only: every channelwise linear mixer, and
-        depthwise nonlinear ones that say so (``channel_independent = True`` on the class)."""
-        return self.channelwise_linear
+        those that mix a slice of channels from those channels alone (``channel_slices``)."""
+        return self.channelwise_linear or self.channel_slices
 
     @property
     def reach(self) -> tuple[int, int] | None:
@@ -108,17 +111,31 @@ class Mixer(Configurable, nn.Module):
 
     @property
     def sequence_split(self) -> str | None:
-        """How the mixer runs on a sequence split into contiguous shards, one per process (context parallelism):
+        """How the mixer runs on a sequence split into contiguous shards, one per process (context
+        parallelism, ``tokenmix.parallel``):
 
-        - ``"halo"``: a finite ``reach``; each shard needs only that many tokens of its neighbours;
-        - ``"channels"``: ``channel_independent``; exchanged from sequence shards to channel shards
-          (all-to-all), each process mixes whole sequences of dim / P channels;
+        - ``"halo"``: a finite ``reach``; each shard reads the inputs ``halo_span`` names from its neighbours;
+        - ``"channels"``: ``channel_slices``; exchanged from sequence shards to channel shards
+          (all-to-all), each process mixes whole sequences of dim / P channels (``mix_channels``);
         - ``"heads"``: attention with independent heads, exchanged to head shards (all-to-all, Ulysses);
+        - ``"body"``: token-wise around parts that split their own way (full attention: its heads);
         - None: it cannot be split.
         """
         if self.reach is not None:
             return "halo"
-        return "channels" if self.channel_independent else None
+        return "channels" if self.channel_slices else None
+
+    def halo_span(self, start: int, stop: int, length: int) -> tuple[int, int]:
+        """(begin, end): the inputs from which a forward over them alone gives the outputs [start, stop)
+        of a forward over the whole sequence of ``length`` tokens (``"halo"`` split). Here the reach
+        around the outputs, for operators of lags only (padding invariant on both sides); mixers that
+        count positions from the first token (chunk boundaries, DFT rows) widen it to their grid."""
+        behind, ahead = self.reach
+        return max(0, start - behind), min(length, stop + ahead)
+
+    def mix_channels(self, x: torch.Tensor, mask: torch.Tensor | None, channels: slice) -> torch.Tensor:  # pragma: no cover
+        """Channels ``channels`` of ``mix``'s output, from x (batch, length, those channels) alone (``channel_slices``)."""
+        raise NotImplementedError
 
     def __init__(self, dim: int, causal: bool, **options):
         super().__init__()
@@ -190,6 +207,16 @@ class Mixer(Configurable, nn.Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, causal={self.causal}"
+
+
+class ChannelSliced:
+    """Mixin of mixers that mix each channel on its own and can compute a slice of them (``mix_channels``):
+    ``mix`` is the slice of every channel."""
+
+    channel_slices = True
+
+    def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return self.mix_channels(x, mask, slice(None))
 
 
 class ToeplitzOperator:

@@ -23,7 +23,7 @@ from ..ops.fft import spectral_dtype
 from ..ops.toeplitz import toeplitz_matvec
 from ..options import Options
 from ..state import StreamState
-from .base import PADDING_SIDES, Mixer, ToeplitzOperator
+from .base import PADDING_SIDES, ChannelSliced, Mixer, ToeplitzOperator
 from .registry import register_mixer
 
 
@@ -40,7 +40,7 @@ class EmaOptions(Options):
 
 
 @register_mixer("ema")
-class Ema(ToeplitzOperator, Mixer):
+class Ema(ToeplitzOperator, ChannelSliced, Mixer):
     """Damped EMA (name ``ema``), option ``ndim`` (N, default 16)."""
 
     options_type = EmaOptions
@@ -48,7 +48,6 @@ class Ema(ToeplitzOperator, Mixer):
     no_weight_decay = ("delta", "alpha", "beta", "gamma")
     padding_invariant_sides = PADDING_SIDES  # the kernel depends on the lag only
     bounded_state = True  # N values per channel
-    channel_independent = True
 
     def __init__(self, dim: int, causal: bool = False, **options):
         super().__init__(dim, causal, **options)
@@ -62,25 +61,26 @@ class Ema(ToeplitzOperator, Mixer):
         self.gamma = nn.Parameter(torch.randn(shape))
         self.omega = nn.Parameter(torch.randn(dim))
 
-    def coefficients(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(input weight p beta, decay q, readout gamma / sqrt(N)), each (directions, dim, ndim).
+    def coefficients(self, channels: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(input weight p beta, decay q, readout gamma / sqrt(N)), each (directions, channels, ndim).
 
         Computed in float32 (float64 stays float64): q^l over long lags needs the precision.
         """
-        delta, alpha, beta, gamma = (t.to(spectral_dtype(t.dtype)) for t in (self.delta, self.alpha, self.beta, self.gamma))
+        parameters = (self.delta, self.alpha, self.beta, self.gamma)
+        delta, alpha, beta, gamma = (t[:, channels].to(spectral_dtype(t.dtype)) for t in parameters)
         p = torch.sigmoid(delta)
         return p * beta, 1.0 - p * torch.sigmoid(alpha), gamma / math.sqrt(self.ndim)
 
-    def kernel(self, n: int) -> torch.Tensor:
-        """By lag: (n, dim) for lags 0..n-1 (causal) or (2n - 1, dim) for -(n-1)..n-1."""
-        kernels = ema_kernel(*self.coefficients(), n)  # (directions, n, dim)
+    def kernel(self, n: int, channels: slice = slice(None)) -> torch.Tensor:
+        """By lag: (n, channels) for lags 0..n-1 (causal) or (2n - 1, channels) for -(n-1)..n-1."""
+        kernels = ema_kernel(*self.coefficients(channels), n)  # (directions, n, channels)
         if self.causal:
             return kernels[0]
-        zeros = kernels.new_zeros(n - 1, self.dim)
+        zeros = kernels.new_zeros(n - 1, kernels.shape[-1])
         return torch.cat([zeros, kernels[0]], dim=0) + torch.cat([kernels[1].flip(0), zeros], dim=0)
 
-    def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        return F.silu(toeplitz_matvec(x, self.kernel(x.shape[1]), self.causal) + self.omega.to(x.dtype) * x)
+    def mix_channels(self, x: torch.Tensor, mask: torch.Tensor | None, channels: slice) -> torch.Tensor:
+        return F.silu(toeplitz_matvec(x, self.kernel(x.shape[1], channels), self.causal) + self.omega[channels].to(x.dtype) * x)
 
     state_type = EmaState
 

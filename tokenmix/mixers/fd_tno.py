@@ -24,7 +24,7 @@ from ..ops.activations import ACTIVATIONS
 from ..ops.fft import fast_fft_size, spectral_dtype
 from ..ops.hilbert import causal_impulse_response, causal_spectrum
 from ..ops.toeplitz import complex_readout, spectral_matvec
-from .base import Mixer, ToeplitzOperator
+from .base import ChannelSliced, Mixer, ToeplitzOperator
 from .cache import Cache
 from .registry import register_mixer
 from .rpe import RelativePositionEncoder, RpeOptions
@@ -43,7 +43,7 @@ class FdTnoOptions(RpeOptions):
 
 
 @register_mixer("fd_tno")
-class FdTno(ToeplitzStreaming, ToeplitzOperator, Mixer):
+class FdTno(ToeplitzStreaming, ToeplitzOperator, ChannelSliced, Mixer):
     """Frequency-domain Toeplitz neural operator (name ``fd_tno``)."""
 
     options_type = FdTnoOptions
@@ -80,14 +80,15 @@ class FdTno(ToeplitzStreaming, ToeplitzOperator, Mixer):
         """(causal basis spectra (e + 1, N/2 + 1), readout (e + 1, dim)): causal G = readout^T @ basis."""
         return causal_spectrum(self._basis(fft_size), fft_size), self._readout()
 
-    def spectrum(self, fft_size: int) -> torch.Tensor:
-        """The same G via the factored form (what ``mix`` uses)."""
+    def spectrum(self, fft_size: int, channels: slice = slice(None)) -> torch.Tensor:
+        """The same G of ``channels`` via the factored form (what ``mix`` uses)."""
         if self.causal:
-            return complex_readout(*self.causal_factors(fft_size))
-        basis, readout = self._basis(fft_size), self._readout()
+            basis, readout = self.causal_factors(fft_size)
+            return complex_readout(basis, readout[:, channels])
+        basis, readout = self._basis(fft_size), self._readout().view(-1, 2, self.dim)[..., channels]
         interior = torch.ones_like(basis[0])  # Im G = 0 at w = 0 and w = pi
         interior[0] = interior[-1] = 0.0
-        real, imaginary = (readout.t().to(basis.dtype) @ basis).view(2, self.dim, -1).unbind(0)  # unbind: no zero-filled grads
+        real, imaginary = (readout.flatten(1).t().to(basis.dtype) @ basis).view(2, readout.shape[-1], -1).unbind(0)  # no zero-filled grads
         return torch.complex(real, imaginary * interior)
 
     def kernel(self, n: int) -> torch.Tensor:
@@ -104,10 +105,11 @@ class FdTno(ToeplitzStreaming, ToeplitzOperator, Mixer):
         response = self.rpe(rfft_frequencies(fft_size, self.rpe.output.weight.device)).t()
         return causal_impulse_response(response, fft_size)[:, :lags].t()
 
-    def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def mix_channels(self, x: torch.Tensor, mask: torch.Tensor | None, channels: slice) -> torch.Tensor:
         """Causal: the fused factored product. Bidirectional: Re and Im of G come from different readout
         rows, so G is formed by two matmuls and differentiated plainly."""
         fft_size = fast_fft_size(2 * x.shape[1])
         if self.causal:
-            return cached_or_factored_matvec(self._cache, self, x, fft_size, fft_size, lambda: self.causal_factors(fft_size))
-        return spectral_matvec(x, self._cache.get(fft_size, lambda: self.spectrum(fft_size), weights=self), fft_size)
+            return cached_or_factored_matvec(self._cache, self, x, fft_size, fft_size, lambda: self.causal_factors(fft_size), channels)
+        key = (fft_size, channels.start, channels.stop)
+        return spectral_matvec(x, self._cache.get(key, lambda: self.spectrum(fft_size, channels), weights=self), fft_size)

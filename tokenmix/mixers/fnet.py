@@ -83,6 +83,11 @@ class FnetAr(Mixer):
         """The window: the W - 1 tokens before each."""
         return self.window - 1, 0
 
+    def halo_span(self, start: int, stop: int, length: int) -> tuple[int, int]:
+        """The window before ``start``, from a multiple of W (a token's DFT row is its position mod W)."""
+        window = self.window
+        return max(0, (start - window + 1) // window * window), stop
+
     def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         return fourier_ar_mix(x, self.window)
 

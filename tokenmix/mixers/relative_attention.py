@@ -62,7 +62,7 @@ class RelativeAttention(Mixer):
     mixes_context = True
     padding_invariant_sides = PADDING_SIDES  # scores depend on distances only
     no_weight_decay = ("content_bias", "position_bias")
-    sequence_split = "heads"
+    sequence_split = None  # not yet: its queries' positions would need the shard's offset
 
     def __init__(self, dim: int, causal: bool = True, **options):
         if not causal:

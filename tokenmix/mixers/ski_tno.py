@@ -49,7 +49,7 @@ from ..ops.ski import (
 )
 from ..ops.toeplitz import naive_toeplitz_matrix, toeplitz_spectrum
 from ..options import Options
-from .base import PADDING_SIDES, Mixer
+from .base import PADDING_SIDES, ChannelSliced, Mixer
 from .cache import Cache
 from .registry import register_mixer
 from .rpe import PiecewiseLinearEncoder
@@ -80,7 +80,7 @@ class SkiTnoOptions(Options):
 
 
 @register_mixer("ski_tno")
-class SkiTno(ToeplitzStreaming, Mixer):
+class SkiTno(ToeplitzStreaming, ChannelSliced, Mixer):
     """Sparse + low-rank Toeplitz neural operator (name ``ski_tno``)."""
 
     options_type = SkiTnoOptions
@@ -137,13 +137,13 @@ class SkiTno(ToeplitzStreaming, Mixer):
         threshold = SPARSE_FROM_LENGTH[self.interpolation]
         return self.path == "sparse" or (self.path == "auto" and threshold is not None and n >= threshold)
 
-    def smooth_kernel(self, lags: torch.Tensor) -> torch.Tensor:
-        """k(t) = RPE(x(t)) at the given (float) lags, (P, dim)."""
-        return self.rpe(inverse_time_warp(lags.to(torch.float64), self.decay))
+    def smooth_kernel(self, lags: torch.Tensor, channels: slice = slice(None)) -> torch.Tensor:
+        """k(t) = RPE(x(t)) at the given (float) lags, (P, channels)."""
+        return self.rpe.basis(inverse_time_warp(lags.to(torch.float64), self.decay)) @ self.rpe.values()[:, channels]
 
-    def inducing_kernel(self, n: int) -> torch.Tensor:
-        """A_ij = k(p_i - p_j) by lag i - j = -(r - 1) ... r - 1, (2r - 1, dim)."""
-        return self.smooth_kernel(inducing_lags(n, self.inducing_count(n), self.band.device))
+    def inducing_kernel(self, n: int, channels: slice = slice(None)) -> torch.Tensor:
+        """A_ij = k(p_i - p_j) by lag i - j = -(r - 1) ... r - 1, (2r - 1, channels)."""
+        return self.smooth_kernel(inducing_lags(n, self.inducing_count(n), self.band.device), channels)
 
     # -- causal: kernel at every lag, by FFT -------------------------------------------------------
     def _causal_basis(self, n: int, device) -> torch.Tensor:
@@ -186,16 +186,18 @@ class SkiTno(ToeplitzStreaming, Mixer):
         smooth_title = "RPE(x(k)) (smooth, causal)" if self.causal else "W A W^T (low rank)"
         return {"band (sparse)": sparse, smooth_title: smooth, "sum": sparse + smooth}
 
-    def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def mix_channels(self, x: torch.Tensor, mask: torch.Tensor | None, channels: slice) -> torch.Tensor:
         n = x.shape[1]
         if self.causal:
             basis_spectrum = self._for_length(self._causal_basis_spectrum, n, x.device, self.band.dtype)
-            return cached_or_factored_matvec(self._cache, self, x, n, fast_fft_size(2 * n), lambda: (basis_spectrum, self._causal_values()))
-        kernel = self.inducing_kernel(n)
+            return cached_or_factored_matvec(
+                self._cache, self, x, n, fast_fft_size(2 * n), lambda: (basis_spectrum, self._causal_values()), channels
+            )
+        kernel = self.inducing_kernel(n, channels)
         if self.uses_sparse_path(n) and self.degree == 1:
             low_rank = ski_linear_matvec(x, kernel)
         elif self.uses_sparse_path(n):
             low_rank = ski_sparse_matvec(x, *self._for_length(self._sparse_weights, n, x.device, self.band.dtype), kernel)
         else:
             low_rank = ski_dense_matvec(x, self._for_length(self._dense_weights, n, x.device, self.band.dtype), kernel)
-        return low_rank + band_matvec(x, self.taps, self.min_lag)
+        return low_rank + band_matvec(x, self.taps[channels], self.min_lag)

@@ -26,7 +26,7 @@ from ..ops.dilated import causal_dilated_chunk, dilated_conv
 from ..options import Options
 from ..state import StreamState
 from ..validation import check_int
-from .base import PADDING_SIDES, Mixer, zero_padding
+from .base import PADDING_SIDES, ChannelSliced, Mixer, zero_padding
 from .registry import register_mixer
 
 
@@ -76,13 +76,12 @@ class TcnOptions(Options):
 
 
 @register_mixer("tcn")
-class Tcn(Mixer):
+class Tcn(ChannelSliced, Mixer):
     """Dilated depthwise TCN (name ``tcn``); see the module docstring for the options."""
 
     options_type = TcnOptions
     no_weight_decay = ("taps", "bias")
     bounded_state = True  # the receptive field's last inputs per layer
-    channel_independent = True
 
     def __init__(self, dim: int, causal: bool = False, **options):
         super().__init__(dim, causal, **options)
@@ -125,10 +124,10 @@ class Tcn(Mixer):
         dilations = sum(self.dilation_factor**block for block in range(self.depth)) * self.convs_per_block
         return (self.min_lag + self.kernel_size - 1) * dilations, -self.min_lag * dilations
 
-    def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def mix_channels(self, x: torch.Tensor, mask: torch.Tensor | None, channels: slice) -> torch.Tensor:
         """Padding is zeroed before every convolution: a bias must not carry it to real tokens."""
         factor = self.factor_for(x.shape[1])
-        taps, bias = self.taps.to(x.dtype), self.bias.to(x.dtype)
+        taps, bias = self.taps[:, channels].to(x.dtype), self.bias[:, channels].to(x.dtype)
         for block in range(self.depth):
             h = x
             for conv in range(block * self.convs_per_block, (block + 1) * self.convs_per_block):

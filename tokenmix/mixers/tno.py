@@ -18,13 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..fields import Flag, Number, setting
 from ..ops.fft import fast_fft_size
 from ..ops.toeplitz import complex_readout, factored_spectral_matvec, spectral_matvec, toeplitz_spectrum
 from ..options import Options
-from .base import PADDING_SIDES, Mixer, ToeplitzOperator
+from .base import PADDING_SIDES, ChannelSliced, Mixer, ToeplitzOperator
 from .cache import Cache
 from .registry import register_mixer
 from .rpe import RelativePositionEncoder, RpeOptions
@@ -61,13 +62,18 @@ class ExponentialDecay(nn.Module):
         return f"decay={self.floor}, learnable={self.logit is not None}"
 
 
-def cached_or_factored_matvec(cache: Cache, module: nn.Module, x: torch.Tensor, n: int, fft_size: int, factors) -> torch.Tensor:
-    """T x for the spectrum readout^T @ basis, ``factors() -> (basis, readout)``: under autograd the fused
-    factored product (no (d, F) spectrum or its gradient is formed); otherwise the whole spectrum, cached."""
+def cached_or_factored_matvec(
+    cache: Cache, module: nn.Module, x: torch.Tensor, key, fft_size: int, factors, channels: slice = slice(None)
+) -> torch.Tensor:
+    """T x for the spectrum readout^T @ basis of ``channels`` (readout's columns), ``factors() -> (basis,
+    readout)``: under autograd the fused factored product (no (d, F) spectrum or its gradient is formed);
+    otherwise the spectrum of those channels, cached under ``key`` and the channels."""
     if torch.is_grad_enabled():
         cache.clear()
-        return factored_spectral_matvec(x, *factors(), fft_size)
-    return spectral_matvec(x, cache.get(n, lambda: complex_readout(*factors()), weights=module), fft_size)
+        basis, readout = factors()
+        return factored_spectral_matvec(x, basis, readout[:, channels], fft_size)
+    key = (key, channels.start, channels.stop)
+    return spectral_matvec(x, cache.get(key, lambda: complex_readout(*factors())[channels], weights=module), fft_size)
 
 
 @dataclass
@@ -84,7 +90,7 @@ class TnoOptions(DecayOptions, RpeOptions):
 
 
 @register_mixer("tno")
-class Tno(ToeplitzStreaming, ToeplitzOperator, Mixer):
+class Tno(ToeplitzStreaming, ToeplitzOperator, ChannelSliced, Mixer):
     """Toeplitz neural operator mixer (name ``tno``)."""
 
     options_type = TnoOptions
@@ -100,10 +106,11 @@ class Tno(ToeplitzStreaming, ToeplitzOperator, Mixer):
         self.decay = ExponentialDecay(o.decay, o.learnable_decay)
         self._cache = Cache()
 
-    def kernel(self, n: int) -> torch.Tensor:
-        """Explicit t_k by lag: (n, dim) causal or (2n - 1, dim) bidirectional."""
+    def kernel(self, n: int, channels: slice = slice(None)) -> torch.Tensor:
+        """Explicit t_k by lag: (n, channels) causal or (2n - 1, channels) bidirectional."""
         lags = relative_lags(n, self.causal, self.rpe.output.weight.device)
-        return self.decay(lags)[:, None] * self.rpe(lags)
+        output = self.rpe.output
+        return self.decay(lags)[:, None] * F.linear(self.rpe.features(lags), output.weight[channels], output.bias[channels])
 
     def spectrum_factors(self, n: int, fft_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(basis spectrum (e + 1, N/2 + 1), readout (e + 1, dim)): the spectrum is readout^T @ basis."""
@@ -116,12 +123,17 @@ class Tno(ToeplitzStreaming, ToeplitzOperator, Mixer):
     def spectrum(self, n: int, fft_size: int) -> torch.Tensor:
         """rfft of the circulant embedding of the kernel, (dim, N/2 + 1), factored unless told otherwise."""
         if not self.factored:
-            return toeplitz_spectrum(self.kernel(n), n, self.causal, fft_size)
+            return self.unfactored_spectrum(n, fft_size)
         return complex_readout(*self.spectrum_factors(n, fft_size))
 
-    def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def mix_channels(self, x: torch.Tensor, mask: torch.Tensor | None, channels: slice) -> torch.Tensor:
         n = x.shape[1]
         fft_size = fast_fft_size(2 * n)
         if self.factored:
-            return cached_or_factored_matvec(self._cache, self, x, n, fft_size, lambda: self.spectrum_factors(n, fft_size))
-        return spectral_matvec(x, self._cache.get(n, lambda: self.spectrum(n, fft_size), weights=self), fft_size)
+            return cached_or_factored_matvec(self._cache, self, x, n, fft_size, lambda: self.spectrum_factors(n, fft_size), channels)
+        key = (n, channels.start, channels.stop)
+        return spectral_matvec(x, self._cache.get(key, lambda: self.unfactored_spectrum(n, fft_size, channels), weights=self), fft_size)
+
+    def unfactored_spectrum(self, n: int, fft_size: int, channels: slice = slice(None)) -> torch.Tensor:
+        """The paper's algorithm: the kernel at every lag for these channels, then its FFT."""
+        return toeplitz_spectrum(self.kernel(n, channels), n, self.causal, fft_size)

@@ -127,7 +127,7 @@ class SequenceModel(nn.Module):
     def hidden_states(self, tokens: torch.Tensor, mask: torch.Tensor | None = None, state: ModelState | None = None):
         """Final-norm hidden states (batch, n, dim); with a state, the stream continued and the next state."""
         check_tokens(tokens, self.config.vocab_size, mask)
-        x = self.embedding_dropout(self.embedding(tokens) * math.sqrt(self.config.dim))
+        x = self.embed(tokens)
         if state is None:
             for block in self.blocks:
                 x = block(x, mask)
@@ -141,6 +141,14 @@ class SequenceModel(nn.Module):
             blocks.append(block_state)
         return self.final_norm(x), ModelState(blocks, state.position + tokens.shape[1], state.model)
 
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The blocks' input: token embeddings scaled by sqrt(dim), (batch, n, dim)."""
+        return self.embedding_dropout(self.embedding(tokens) * math.sqrt(self.config.dim))
+
+    def token_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits of final-norm hidden states by the tied output embedding, (batch, n, vocab)."""
+        return h @ self.embedding.weight.t()
+
     def forward(
         self, tokens: torch.Tensor, mask: torch.Tensor | None = None, *, state: ModelState | None = None, return_state: bool = False
     ):
@@ -153,7 +161,7 @@ class SequenceModel(nn.Module):
             check_tokens(tokens, self.config.vocab_size, mask)
             state = self.init_state(tokens.shape[0], device=tokens.device)
         h, next_state = self.hidden_states(tokens, mask, state)
-        logits = h @ self.embedding.weight.t()
+        logits = self.token_logits(h)
         return (logits, next_state) if return_state else logits
 
     def classify(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

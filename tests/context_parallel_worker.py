@@ -1,0 +1,106 @@
+"""Run under torchrun (gloo): every registered model, split over the processes by context parallelism,
+against the same model in one process. Rank 0 writes one JSON record per (model, task, dtype)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+import tokenmix
+from tokenmix.models.registry import model_spec
+from tokenmix.parallel import ContextShard, context_parallel_logits, context_parallel_problems
+
+LENGTH = 23  # divisible by neither 2 nor 4
+SMALL = {"chunk_size": 5, "z_dim": 4, "rpe_dim": 8, "rpe_layers": 1, "kernel_size": 3, "rank": 6, "filter_size": 5}
+
+
+def small_options(name: str) -> dict:
+    """Options of ``name`` small enough to run fast, with chunks and receptive fields across shard boundaries."""
+    accepted = set(tokenmix.models.registry.resolve_model_options(name, {}, 8, 2)) | {"mixer"}
+    names = {key for key in accepted}
+    return {key: value for key, value in SMALL.items() if key in names or f"attention.{key}" in names}
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
+
+
+def compare(name: str, task: str, dtype: torch.dtype, shard_of) -> dict:
+    torch.manual_seed(0)
+    model = tokenmix.build_model(name, task=task, vocab_size=20, dim=8, depth=2, dropout=0.0, **small_options(name)).to(dtype)
+    processes = dist.get_world_size()
+    problems = context_parallel_problems(model, processes)
+    if problems:
+        return {"problems": problems}
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 20, (2, LENGTH), generator=generator)
+    targets = torch.randint(0, 20, (2, LENGTH), generator=generator)
+    mask = torch.ones(2, LENGTH, dtype=torch.bool)
+    mask[0, :3] = False  # padding on the left of one row, on the right of the other
+    mask[1, -6:] = False
+    real = mask.sum()
+
+    def loss_of(logits, span) -> torch.Tensor:
+        chosen = mask[:, span]
+        return torch.nn.functional.cross_entropy(logits[chosen], targets[:, span][chosen], reduction="sum") / real
+
+    logits = model(tokens, mask)
+    loss_of(logits, slice(None)).backward()
+    expected = {key: parameter.grad.clone() for key, parameter in model.named_parameters() if parameter.grad is not None}
+    model.zero_grad()
+
+    shard = shard_of(LENGTH)
+    span = slice(shard.start, shard.stop)
+    local = context_parallel_logits(model, tokens, mask, shard)
+    local_loss = loss_of(local, span)
+    local_loss.backward()
+    errors = {"logits": relative_error(local[mask[:, span]], logits[:, span][mask[:, span]])}
+    loss = local_loss.detach().clone()
+    dist.all_reduce(loss)
+    errors["loss"] = relative_error(loss, loss_of(logits, slice(None)).detach())
+    gradient_errors = {}
+    for key, parameter in model.named_parameters():
+        grad = parameter.grad if parameter.grad is not None else torch.zeros_like(parameter)
+        dist.all_reduce(grad)
+        gradient_errors[key] = relative_error(grad, expected.get(key, torch.zeros_like(parameter)))
+    errors["gradients"] = max(gradient_errors.values())
+    worst = max(gradient_errors, key=gradient_errors.get)
+    if task == "lm":  # tokens of the last shard changed: the logits of every earlier shard stay exactly
+        changed = tokens.clone()
+        changed[:, shard.bounds[-1][0] :] = (changed[:, shard.bounds[-1][0] :] + 1) % 20
+        with torch.no_grad():
+            moved = context_parallel_logits(model, changed, mask, shard)
+            again = context_parallel_logits(model, tokens, mask, shard)
+        errors["earlier_shards_moved"] = float((moved - again).abs().max()) if shard.rank < shard.size - 1 else 0.0
+    for key, value in errors.items():
+        value = torch.tensor(value, dtype=torch.float64)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        errors[key] = float(value)
+    return {**errors, "worst_gradient": worst}
+
+
+def main(output: str) -> None:
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    group = dist.group.WORLD
+
+    def shard_of(length: int) -> ContextShard:
+        return ContextShard(group, rank, size, length)
+
+    records = []
+    for name in tokenmix.list_models():
+        for task in [task for task in ("lm", "mlm") if task in model_spec(name).tasks]:
+            for dtype in (torch.float64, torch.float32):
+                records.append({"model": name, "task": task, "dtype": str(dtype), **compare(name, task, dtype, shard_of)})
+    if rank == 0:
+        with open(output, "w") as file:
+            json.dump(records, file, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,93 @@
+"""Context parallelism (``tokenmix.parallel``): every model, its sequences split over 2 and 4 torchrun
+processes (gloo), against the same model in one process (``context_parallel_worker.py``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import tokenmix
+from tokenmix.models.registry import model_spec
+from tokenmix.parallel import ContextShard, context_parallel_logits, context_parallel_problems, shard_bounds
+
+WORKER = Path(__file__).with_name("context_parallel_worker.py")
+TOLERANCE = {"torch.float64": 1e-10, "torch.float32": 1e-5}  # relative, the issue's bar for "the same numbers"
+
+
+def torchrun(processes: int, output: Path) -> list[dict]:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes), str(WORKER), str(output)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return json.loads(output.read_text())
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=lambda processes: f"{processes}_processes")
+def split_runs(request, tmp_path_factory) -> dict:
+    """The worker's records by model, from one torchrun of ``processes`` processes."""
+    records = torchrun(request.param, tmp_path_factory.mktemp("context_parallel") / "records.json")
+    by_model = {}
+    for record in records:
+        by_model.setdefault(record["model"], []).append(record)
+    return by_model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", tokenmix.list_models())
+def test_a_split_sequence_gives_the_numbers_of_one_process(split_runs, name):
+    """Logits, loss and every parameter's gradient (summed over the processes) equal one process's, at a
+    length neither 2 nor 4 divides, with padding on both sides; the logits of every shard but the last
+    stay put when the last shard's tokens change (causal models). A model that cannot split says why."""
+    records = split_runs[name]
+    assert {record["task"] for record in records} == {task for task in ("lm", "mlm") if task in model_spec(name).tasks}
+    for record in records:
+        if "problems" in record:
+            assert record["problems"] and all(problem.startswith(f"model {name!r}: ") for problem in record["problems"])
+            continue
+        tolerance = TOLERANCE[record["dtype"]]
+        assert max(record["logits"], record["loss"], record["gradients"]) < tolerance, record
+        if record["task"] == "lm" and record["dtype"] == "torch.float64":
+            assert record["earlier_shards_moved"] < 1e-12, record
+
+
+SPLIT_MODELS = ["tnn", "fd_tnn", "ski_tnn", "mega", "tcnca", "tcnca_simple", "transformer"]
+
+
+@pytest.mark.parametrize("name", SPLIT_MODELS)
+def test_the_papers_models_split(name):
+    """The models of the four papers and their baselines split over 4 processes (the Transformer-XL family does not yet)."""
+    model = tokenmix.build_model(name, vocab_size=20, dim=16, depth=1)
+    assert context_parallel_problems(model, 4) == []
+
+
+def test_shards_are_contiguous_and_balanced():
+    for length in (1, 7, 23, 100):
+        for parts in (1, 2, 4):
+            bounds = shard_bounds(length, parts)
+            assert bounds[0][0] == 0 and bounds[-1][1] == length
+            assert all(stop == next_start for (_, stop), (next_start, _) in zip(bounds, bounds[1:], strict=False))
+            sizes = [stop - start for start, stop in bounds]
+            assert max(sizes) - min(sizes) <= 1
+
+
+def test_what_cannot_split_says_why_before_any_work():
+    xl = tokenmix.build_model("transformer_xl", vocab_size=20, dim=16, depth=1)
+    (problem,) = context_parallel_problems(xl, 2)
+    assert problem.startswith("model 'transformer_xl': XlBlock cannot split a sequence over processes")
+    one_head = tokenmix.build_model("transformer", vocab_size=20, dim=16, depth=1, heads=1)
+    assert context_parallel_problems(one_head, 2) == [
+        "model 'transformer': AttentionCore has 1 attention head(s), fewer than the 2 processes that would share them"
+    ]
+    classifier = tokenmix.build_model("tnn", task="classify", num_classes=3, vocab_size=20, dim=16, depth=1)
+    assert "task 'classify'" in context_parallel_problems(classifier, 2)[0]
+
+
+def test_a_sequence_shorter_than_the_group_is_refused():
+    model = tokenmix.build_model("tnn", vocab_size=20, dim=16, depth=1)
+    with pytest.raises(ValueError, match="sequences of 3 tokens cannot be split over 4 processes"):
+        context_parallel_logits(model, torch.zeros(1, 3, dtype=torch.long), None, ContextShard(None, 0, 4, 3))

@@ -1,0 +1,141 @@
+"""Context parallelism: each process of a group runs the model on one contiguous shard of the sequence.
+
+Everything but token mixing works token by token, so a block's body runs on the shard unchanged;
+``ContextRun`` is the ``run`` its body calls wherever a part mixes tokens, and splits that part the
+way it declares (``Mixer.sequence_split``), exactly (the numbers of one process, to rounding):
+
+- ``"halo"``: the inputs ``part.halo_span(start, stop, length)`` names are gathered from the shards
+  holding them (one all-to-all, so a reach longer than a shard reads several), the part runs on
+  them alone and the outputs [start, stop) are kept;
+- ``"channels"``: all-to-all from sequence shards to channel shards; the part mixes whole sequences
+  of its dim / P channels (``mix_channels``: kernels of those channels only) and an all-to-all
+  returns them (as Savanna does for long convolutions, arXiv 2503.01868);
+- ``"heads"``: attention's q, k, v go to head shards, each process attends whole sequences of its
+  heads, and the outputs come back (DeepSpeed-Ulysses, arXiv 2309.14509);
+- ``"body"``: a block (or full attention) whose own work is token-wise: its body runs on the shard
+  with this same ``run`` for its parts.
+
+Every process holds the batch's tokens and padding mask (a few bytes per token), so spans of the
+mask need no exchange; activations exist only for the shard, its halo, or its channel or head share.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..mixers.base import zero_padding
+from ..models.model import SequenceModel, check_tokens
+from .exchange import exchange
+from .shards import ContextShard, shard_bounds
+
+
+def _packed(h) -> tuple[torch.Tensor, list[int] | None]:
+    """One tensor for a tensor or a tuple of tensors alike but in their last dimension (attention's q, k, v)."""
+    return (torch.cat(h, dim=-1), [part.shape[-1] for part in h]) if isinstance(h, tuple) else (h, None)
+
+
+def _unpacked(x: torch.Tensor, widths: list[int] | None):
+    return x if widths is None else tuple(x.split(widths, dim=-1))
+
+
+def _resized(shape, sizes: dict[int, int]) -> tuple[int, ...]:
+    return tuple(sizes.get(axis, size) for axis, size in enumerate(shape))
+
+
+class ContextRun:
+    """``run(part, h)`` for a block's body on the shard ``shard`` of a batch whose whole (batch, length)
+    padding mask is ``mask`` (None: every token real)."""
+
+    def __init__(self, shard: ContextShard, mask: torch.Tensor | None):
+        self.shard, self.mask = shard, mask
+        self.strategies = {"body": self.body, "halo": self.halo, "channels": self.channels, "heads": self.heads}
+
+    def mask_of(self, begin: int, end: int) -> torch.Tensor | None:
+        return None if self.mask is None else self.mask[:, begin:end]
+
+    def __call__(self, part, h):
+        return self.strategies[part.sequence_split](part, h)
+
+    def body(self, part, h):
+        return part.body(h, self.mask_of(self.shard.start, self.shard.stop), self)
+
+    def halo(self, part, h):
+        """Gather the inputs of ``part.halo_span``, run the part on them, keep the shard's outputs."""
+        shard, axis = self.shard, part.sequence_axis
+        x, widths = _packed(h)
+        spans = [part.halo_span(start, stop, shard.length) for start, stop in shard.bounds]
+        (begin, end), (start, stop) = spans[shard.rank], (shard.start, shard.stop)
+
+        def overlap(span, bounds) -> tuple[int, int]:
+            """Their common [low, high), empty (low = high) within ``bounds`` when they do not meet."""
+            low = min(max(span[0], bounds[0]), bounds[1])
+            return low, max(low, min(span[1], bounds[1]))
+
+        sent = [overlap(span, (start, stop)) for span in spans]
+        pieces = [x.narrow(axis, low - start, high - low) for low, high in sent]
+        received = [overlap((begin, end), bounds) for bounds in shard.bounds]
+        shapes = [_resized(x.shape, {axis: high - low}) for low, high in received]
+        gathered = torch.cat(exchange(pieces, shapes, shard.group), dim=axis)
+        y = part(_unpacked(gathered, widths), self.mask_of(begin, end))
+        return y.narrow(axis, start - begin, stop - start)
+
+    def channels(self, part, x: torch.Tensor) -> torch.Tensor:
+        """Sequence shards -> channel shards, ``mix_channels`` over the whole length, and back."""
+        shard = self.shard
+        channel_bounds = shard_bounds(x.shape[-1], shard.size)
+        low, high = channel_bounds[shard.rank]
+        shapes = [(x.shape[0], stop - start, high - low) for start, stop in shard.bounds]
+        whole = torch.cat(exchange([x[..., a:b] for a, b in channel_bounds], shapes, shard.group), dim=1)
+        mask = self.mask_of(0, shard.length)
+        y = part.mix_channels(zero_padding(whole, mask), mask, slice(low, high))
+        shapes = [(x.shape[0], shard.stop - shard.start, b - a) for a, b in channel_bounds]
+        return torch.cat(exchange([y[:, start:stop] for start, stop in shard.bounds], shapes, shard.group), dim=-1)
+
+    def heads(self, part, qkv):
+        """Attention's (q, k, v) (batch, heads, n, width) to head shards, attended over the whole length, and back."""
+        shard = self.shard
+        x, widths = _packed(qkv)
+        head_bounds = shard_bounds(x.shape[1], shard.size)
+        low, high = head_bounds[shard.rank]
+        shapes = [_resized(x.shape, {1: high - low, 2: stop - start}) for start, stop in shard.bounds]
+        whole = torch.cat(exchange([x[:, a:b] for a, b in head_bounds], shapes, shard.group), dim=2)
+        y = part(_unpacked(whole, widths), self.mask_of(0, shard.length))
+        shapes = [_resized(y.shape, {1: b - a, 2: shard.stop - shard.start}) for a, b in head_bounds]
+        return torch.cat(exchange([y[:, :, start:stop] for start, stop in shard.bounds], shapes, shard.group), dim=1)
+
+
+def split_problems(part, processes: int) -> list[str]:
+    """Why ``part`` (a block, or a part of one) cannot run split over ``processes`` processes; empty when it can."""
+    split, name = part.sequence_split, type(part).__name__
+    if split is None:
+        return [f"{name} cannot split a sequence over processes (no finite reach, no independent channels, no heads to split)"]
+    if split == "body":
+        return [problem for inner in part.stream_parts() for problem in split_problems(inner, processes)]
+    if split == "heads" and part.heads < processes:
+        return [f"{name} has {part.heads} attention head(s), fewer than the {processes} processes that would share them"]
+    if split == "channels" and part.dim < processes:
+        return [f"{name} has {part.dim} channels, fewer than the {processes} processes that would share them"]
+    return []
+
+
+def context_parallel_problems(model: SequenceModel, processes: int) -> list[str]:
+    """Why ``model`` cannot run with its sequences split over ``processes`` processes (empty: it can)."""
+    if model.classifier is not None:
+        return [f"model {model.config.name!r} has task 'classify': context parallelism splits token-level tasks (lm, mlm) only"]
+    problems = [problem for block in model.blocks for problem in split_problems(block, processes)]
+    return [f"model {model.config.name!r}: {problem}" for problem in dict.fromkeys(problems)]
+
+
+def context_parallel_logits(model: SequenceModel, tokens: torch.Tensor, mask: torch.Tensor | None, shard: ContextShard) -> torch.Tensor:
+    """Logits (batch, stop - start, vocab) at this process's shard of ``tokens`` (batch, length), the
+    whole batch (every process of ``shard.group`` passes the same tokens and mask)."""
+    check_tokens(tokens, model.config.vocab_size, mask)
+    if tokens.shape[1] != shard.length:
+        raise ValueError(f"tokens have length {tokens.shape[1]}, but the shard was made for sequences of {shard.length}")
+    if shard.length < shard.size:
+        raise ValueError(f"sequences of {shard.length} tokens cannot be split over {shard.size} processes: give each at least one token")
+    run = ContextRun(shard, mask)
+    x = model.embed(tokens[:, shard.start : shard.stop])
+    for block in model.blocks:
+        x = run(block, x)
+    return model.token_logits(model.final_norm(x))
