@@ -91,3 +91,72 @@ def test_a_sequence_shorter_than_the_group_is_refused():
     model = tokenmix.build_model("tnn", vocab_size=20, dim=16, depth=1)
     with pytest.raises(ValueError, match="sequences of 3 tokens cannot be split over 4 processes"):
         context_parallel_logits(model, torch.zeros(1, 3, dtype=torch.long), None, ContextShard(None, 0, 4, 3))
+
+
+TRAIN = ["--dim", "16", "--depth", "2", "--seq-len", "97", "--batch-size", "2", "--steps", "30", "--eval-every", "30"]
+TRAIN += ["--eval-tokens", "2048", "--final-eval-tokens", "2048", "--threads", "1", "--save-every", "30"]
+SMALL_OPTIONS = {"tnn": ["-o", "rpe_dim=8"], "fd_tnn": ["-o", "rpe_dim=8"], "tcnca": ["-o", "chunk_size=16", "-o", "z_dim=8"]}
+
+
+def train(out: Path, model: str, processes: int = 1, *flags: str) -> list[dict]:
+    """``tokenmix train`` (under torchrun with ``processes`` > 1): the run's metrics records."""
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)] if processes > 1 else []
+    command = [sys.executable, *launcher, "-m", "tokenmix.cli", "train", "--model", model, "--out", str(out), *TRAIN, *flags]
+    command += SMALL_OPTIONS.get(model, [])
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["tnn", "fd_tnn", "ski_tnn", "tcnca", "transformer"])
+def test_training_with_the_sequence_split_over_two_processes_follows_one_process(name, tmp_path):
+    """``torchrun --nproc-per-node 2 ... train --context-parallel 2`` reads the batches of one process and
+    takes the same steps: every step's loss and the validation loss after 30 steps agree within 1e-4."""
+    alone = train(tmp_path / "one", name)
+    split = train(tmp_path / "split", name, 2, "--context-parallel", "2")
+    losses = [[record["loss"] for record in run if "split" not in record] for run in (alone, split)]
+    assert len(losses[0]) == len(losses[1]) == 30
+    assert max(abs(a - b) / abs(a) for a, b in zip(*losses, strict=True)) < 1e-4
+    final = [run[-1]["loss"] for run in (alone, split)]
+    assert abs(final[0] - final[1]) / final[0] < 1e-4
+
+
+def test_context_parallel_without_torchrun_says_how_to_start_it(tmp_path):
+    from tokenmix.train.config import TrainConfig
+    from tokenmix.train.loop import Trainer
+
+    config = TrainConfig(dim=16, depth=1, seq_len=32, steps=1, out=str(tmp_path / "run"), context_parallel=2)
+    with pytest.raises(ValueError, match=r"--context-parallel 2 splits each sequence over torchrun processes: start them with torchrun"):
+        Trainer(config, progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"task": "classify", "data": "listops"}, "context_parallel splits the tokens of token-level tasks"),
+        ({"seq_len": 3, "context_parallel": 4}, "seq_len=3 gives fewer tokens than the 4 processes"),
+    ],
+)
+def test_bad_context_parallel_settings_are_refused(settings, message):
+    from tokenmix.train.config import TrainConfig
+
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**{"context_parallel": 2, **settings})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--context-parallel", "4"], "--context-parallel 4 must divide the 2 processes torchrun started"),
+        (["--model", "transformer_xl", "--context-parallel", "2"], "XlBlock cannot split a sequence over processes"),
+    ],
+)
+def test_bad_context_parallel_runs_stop_before_any_work(flags, message, tmp_path):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "tokenmix.cli", "train"]
+    command += ["--out", str(tmp_path / "run"), "--steps", "1", "--dim", "16", "--depth", "1", "--seq-len", "32", *flags]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode != 0 and message in result.stdout + result.stderr
+    assert not (tmp_path / "run").exists()

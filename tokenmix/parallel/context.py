@@ -22,6 +22,7 @@ mask need no exchange; activations exist only for the shard, its halo, or its ch
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from ..mixers.base import zero_padding
 from ..models.model import SequenceModel, check_tokens
@@ -139,3 +140,21 @@ def context_parallel_logits(model: SequenceModel, tokens: torch.Tensor, mask: to
     for block in model.blocks:
         x = run(block, x)
     return model.token_logits(model.final_norm(x))
+
+
+class ContextParallel(nn.Module):
+    """``model`` run on this process's shard of every sequence: ``forward(tokens, mask)`` gives the logits
+    of tokens [start, stop) of ``shard(length)`` (the module DDP or FSDP wraps)."""
+
+    def __init__(self, model: SequenceModel, group, rank: int, size: int):
+        super().__init__()
+        problems = context_parallel_problems(model, size)
+        if problems:
+            raise ValueError("; ".join(problems))
+        self.model, self.group, self.rank, self.size = model, group, rank, size
+
+    def shard(self, length: int) -> ContextShard:
+        return ContextShard(self.group, self.rank, self.size, length)
+
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return context_parallel_logits(self.model, tokens, mask, self.shard(tokens.shape[1]))

@@ -78,6 +78,9 @@ class TrainConfig:
     dropout: float = setting(0.0, Number(0, 1), "dropout probability in every block")
     seed: int = setting(0, Integer(0), "seed of the initialisation, the batches and dropout")
     threads: int | None = setting(None, Integer(1, optional=True), "torch CPU threads (default: torch's choice)")
+    context_parallel: int = setting(
+        1, Integer(1), "split each sequence over this many torchrun processes (context parallelism, docs/scale.md); they must divide them"
+    )
     eval_every: int = setting(150, Integer(1), "validate every this many steps, on --eval-tokens tokens")
     eval_tokens: int = setting(32768, Integer(1), "validation tokens of each periodic evaluation")
     final_eval_tokens: int | None = setting(
@@ -116,6 +119,10 @@ class TrainConfig:
             )
         if self.init is not None and self.task == "lm":
             raise ValueError("init starts a run from a pretrained model's weights to fine-tune it on a task: use it with task 'classify'")
+        if self.context_parallel > 1 and self.task == "classify":
+            raise ValueError("context_parallel splits the tokens of token-level tasks (lm, mlm); a classifier pools whole examples")
+        if self.seq_len < self.context_parallel:
+            raise ValueError(f"seq_len={self.seq_len} gives fewer tokens than the {self.context_parallel} processes that would share them")
         if not isinstance(self.options, dict):
             raise ValueError(f"options must be a dict of model options, got {type(self.options).__name__}")
 

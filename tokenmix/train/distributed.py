@@ -1,4 +1,5 @@
-"""torchrun integration: gloo on CPU, NCCL on CUDA."""
+"""torchrun integration: gloo on CPU, NCCL on CUDA; with context parallelism a 2-D ``DeviceMesh``
+(data parallel x context parallel, torchtitan's layout) whose ``"cp"`` groups split each sequence."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 
 @dataclass
@@ -14,6 +16,15 @@ class DistributedContext:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    context_parallel: int = 1
+    context_group: object = None  # the ProcessGroup of the processes sharing this one's sequences
+    context_rank: int = 0  # this process's shard of them
+    data_rank: int = 0  # which batches this process reads: the same for every process of a context group
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Groups reading different batches."""
+        return self.world_size // self.context_parallel
 
     @property
     def enabled(self) -> bool:
@@ -60,9 +71,31 @@ def _collective_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
-def init_distributed(device: torch.device) -> DistributedContext:
-    """Join the process group when launched by torchrun (WORLD_SIZE > 1)."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+def launched_world_size() -> int:
+    """The processes torchrun started (1 without torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def check_context_parallel(context_parallel: int) -> None:
+    """ValueError unless ``context_parallel`` processes per sequence fit the processes torchrun started."""
+    world_size = launched_world_size()
+    if context_parallel > 1 and world_size == 1:
+        raise ValueError(
+            f"--context-parallel {context_parallel} splits each sequence over torchrun processes: start them with "
+            f"torchrun --standalone --nproc-per-node {context_parallel} -m tokenmix.cli train ..."
+        )
+    if world_size % context_parallel:
+        raise ValueError(
+            f"--context-parallel {context_parallel} must divide the {world_size} processes torchrun started "
+            "(the rest of the factor reads different batches: data parallel)"
+        )
+
+
+def init_distributed(device: torch.device, context_parallel: int = 1) -> DistributedContext:
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1); with ``context_parallel`` P > 1,
+    ranks r and r' share sequences when r // P == r' // P (a ("dp", "cp") DeviceMesh)."""
+    check_context_parallel(context_parallel)
+    world_size = launched_world_size()
     if world_size == 1:
         return DistributedContext()
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -75,4 +108,15 @@ def init_distributed(device: torch.device) -> DistributedContext:
             )
         torch.cuda.set_device(local_rank)
     dist.init_process_group(backend)
-    return DistributedContext(dist.get_rank(), world_size, local_rank)
+    if context_parallel == 1:
+        return DistributedContext(dist.get_rank(), world_size, local_rank, data_rank=dist.get_rank())
+    mesh = init_device_mesh(device.type, (world_size // context_parallel, context_parallel), mesh_dim_names=("dp", "cp"))
+    return DistributedContext(
+        dist.get_rank(),
+        world_size,
+        local_rank,
+        context_parallel,
+        mesh.get_group("cp"),
+        mesh["cp"].get_local_rank(),
+        mesh["dp"].get_local_rank(),
+    )

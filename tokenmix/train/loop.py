@@ -1,7 +1,9 @@
 """The training loop: single process or torchrun DDP, periodic validation, atomic checkpoints.
 
-Batches and dropout are drawn from generators seeded by (seed, step, rank), so a resumed run
-sees exactly the batches an uninterrupted run would, on any number of processes. Recurrent
+Batches are drawn from generators seeded by (seed, step, data-parallel rank) and dropout by
+(seed, step, rank), so a resumed run sees exactly the batches an uninterrupted run would, on any
+number of processes. With ``--context-parallel P`` (``tokenmix.parallel``) each sequence is split
+over P processes that read the same batch: one data-parallel group sees the batches of one process. Recurrent
 models (Transformer-XL family) read contiguous streams segment by segment instead, carrying
 their memory from step to step; the memory is saved in checkpoints so resuming stays exact.
 
@@ -30,6 +32,7 @@ from ..data.tokenizer import TOKENIZER_FILE, Tokenizer
 from ..devices import resolve_device
 from ..models.model import ModelState, SequenceModel
 from ..models.saving import save_pretrained
+from ..parallel import ContextParallel, context_parallel_problems
 from ..progress import progress_bar
 from ..runtime import set_threads
 from ..validation import set_finite_checks
@@ -41,7 +44,7 @@ from .checkpoint import (
 )
 from .checkpointing import CheckpointedRun, check_world_size
 from .config import DEFAULT_WARMUP, TrainConfig, parse_interval
-from .distributed import DistributedContext, init_distributed
+from .distributed import DistributedContext, check_context_parallel, init_distributed
 from .evaluate import EVAL_BATCH, describe
 from .finetune import Pretrained, load_initial_weights, read_pretrained
 from .memory import GB, check_memory_fits, describe_memory, estimate_training_memory, peak_memory
@@ -83,6 +86,7 @@ class Trainer(CheckpointedRun):
             set_finite_checks(True)
         self.device = resolve_device(config.device)
         check_task(config.data, config.task)  # before the data is read or generated
+        check_context_parallel(config.context_parallel)
         saved = self._load_checkpoint() if resume else None
         if config.init is not None and not resume:  # ``pretrained``: config.init already read (tokenmix finetune)
             self.pretrained = pretrained or read_pretrained(config.init)
@@ -117,12 +121,18 @@ class Trainer(CheckpointedRun):
             load_initial_weights(self.model, self.pretrained, config.init)
         if self.model.recurrent and not self.objective.streams:
             raise ValueError(f"data {config.data!r} needs a model that reads whole examples, not the segment-recurrent {config.model!r}")
+        problems = context_parallel_problems(self.model, config.context_parallel) if config.context_parallel > 1 else []
+        if problems:
+            raise ValueError(f"--context-parallel {config.context_parallel}: " + "; ".join(problems))
         if not resume:
             check_directory(self.out, overwrite)  # on every rank, before any of them waits for the others
-        self.context: DistributedContext = init_distributed(self.device)
+        self.context: DistributedContext = init_distributed(self.device, config.context_parallel)
         if checkpoint is not None:
             check_world_size(checkpoint, self.context.world_size, self.out / CHECKPOINT_FILE)
         self.model.to(self.device)
+        self.split: ContextParallel | None = None  # the model on this process's shard of each sequence
+        if config.context_parallel > 1:
+            self.split = ContextParallel(self.model, self.context.context_group, self.context.context_rank, config.context_parallel)
         self.memory = estimate_training_memory(self.model, self._probe_loss, config.batch_size, self.device)
         if memory_check:
             check_memory_fits(self.memory, self.device)
@@ -139,7 +149,7 @@ class Trainer(CheckpointedRun):
         self.trained = self.model
         if self.context.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
-            self.trained = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+            self.trained = torch.nn.parallel.DistributedDataParallel(self.split or self.model, device_ids=ids)
         self.optimizer = build_optimizer(self.model, config.lr, config.weight_decay, (config.beta1, config.beta2))
         self.step = 0
         self.last_evaluation: tuple | None = None  # (what was read at which step, its metrics): see ``evaluate``
@@ -188,7 +198,7 @@ class Trainer(CheckpointedRun):
     # steps ----------------------------------------------------------------------------------
     def batch(self, step: int):
         """(inputs, targets, mask) of ``step``, the same on every resume."""
-        generator = step_generator(self.config.seed, step, self.context.rank)
+        generator = step_generator(self.config.seed, step, self.context.data_rank)
         return self.objective.batch(self.config.batch_size, self.config.seq_len, generator)
 
     def _probe_loss(self, copies: int) -> torch.Tensor:
@@ -197,26 +207,35 @@ class Trainer(CheckpointedRun):
         example = self.objective.largest_example(self.config.seq_len)
         inputs, targets, mask = (None if t is None else t.to(self.device).expand(copies, *t.shape[1:]) for t in example)
         if not self.model.recurrent:
-            return self.objective.loss(self.model(inputs, mask), targets)
+            return self.step_loss(self.split or self.model, inputs, targets, mask)
         state = self.model.init_state(copies, device=self.device)
         with torch.no_grad():
             _, state = self.model(inputs, state=state, return_state=True)
         return self.objective.loss(self.model(inputs, state=state, return_state=True)[0], targets)
 
+    def step_loss(self, module, inputs: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The loss a step minimizes here: the batch's; with context parallelism over P processes, P times
+        this shard's share of it (DDP averages the gradients of every process: the P shares add up)."""
+        logits = module(inputs, mask)
+        if self.split is None:
+            return self.objective.loss(logits, targets)
+        shard = self.split.shard(inputs.shape[1])
+        return self.objective.shard_loss(logits, targets, shard.start, shard.stop) * shard.size
+
     def train_step(self) -> tuple[float, int]:
-        """One optimizer step: (loss, real tokens read on this rank)."""
+        """One optimizer step: (loss, averaged over the processes gives the step's; real tokens of this rank's batch)."""
         torch.manual_seed(step_seed(self.config.seed, self.step, self.context.rank) + 1)  # dropout, apart from batches
         if self.streams is None:
             inputs, targets, mask = (None if t is None else t.to(self.device) for t in self.batch(self.step))
-            logits = self.trained(inputs, mask)
+            loss = self.step_loss(self.trained, inputs, targets, mask)
             tokens = inputs.numel() if mask is None else int(mask.sum())
         else:
             inputs, targets, fresh = self.streams.batch(self.step)
             inputs, targets = inputs.to(self.device), targets.to(self.device)
             state = self.model.init_state(inputs.shape[0], device=self.device) if fresh else self.segment_state
             logits, self.segment_state = self.trained(inputs, state=state, return_state=True)
+            loss = self.objective.loss(logits, targets)
             tokens = inputs.numel()
-        loss = self.objective.loss(logits, targets)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.config.grad_clip > 0:
@@ -305,7 +324,7 @@ class Trainer(CheckpointedRun):
                             f"warning: --warmup {self.warmup_steps} reaches past the {self.total_steps} steps the time budget "
                             "allows: the learning rate will not reach --lr. Lower --warmup or raise --minutes"
                         )
-                tokens *= self.context.world_size  # ranks draw batches alike in size
+                tokens *= self.context.data_parallel_size  # data-parallel groups draw batches alike in size
                 trained_tokens += tokens
                 rate = tokens / elapsed
                 bar.update(1)

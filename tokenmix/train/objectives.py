@@ -57,6 +57,13 @@ class Objective:
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(), ignore_index=-100)
 
+    def shard_loss(self, logits: torch.Tensor, targets: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """The share of ``loss`` of the whole batch that the logits of tokens [start, stop) carry (context
+        parallelism): their summed loss over the count of the whole batch's scored tokens."""
+        scored = (targets != -100).sum().clamp_min(1)
+        part = targets[:, start:stop]
+        return F.cross_entropy(logits.flatten(0, -2).float(), part.flatten(), ignore_index=-100, reduction="sum") / scored
+
     def evaluate(self, model, split: str, *, length: int, max_tokens: int | None = None, batch_size: int = EVAL_BATCH) -> dict:
         raise NotImplementedError  # pragma: no cover - abstract
 
