@@ -160,3 +160,33 @@ def test_bad_context_parallel_runs_stop_before_any_work(flags, message, tmp_path
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode != 0 and message in result.stdout + result.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_the_scale_bench_measures_what_a_split_saves(tmp_path):
+    """``tokenmix bench --kinds scale`` under torchrun: per process, a split sequence keeps fewer activations
+    and fits a longer sequence in the same budget; exchanges send bytes only when split; JSON, table and plot."""
+    from tokenmix.bench.cli import bench_tables
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "tokenmix.cli", "bench"]
+    command += ["--kinds", "scale", "--models", "tnn,tcnca", "--lengths", "256,512", "--model-dim", "16", "--depth", "1"]
+    command += ["--processes", "1,2", "--repeats", "1", "--threads", "1", "--memory-budget", "0.004"]
+    command += ["--output", str(tmp_path / "scale.json"), "--plot", str(tmp_path / "plots")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    records = json.loads((tmp_path / "scale.json").read_text())
+    assert bench_tables(records) in result.stdout
+    assert (tmp_path / "plots" / "scale.png").stat().st_size > 0
+    steps = {(r["model"], r["processes"], r["length"]): r for r in records if r["kind"] == "scale"}
+    assert len(steps) == 2 * 2 * 2
+    for (model, processes, length), record in steps.items():
+        if processes == 2:
+            alone = steps[(model, 1, length)]
+            assert record["activation_bytes"] < alone["activation_bytes"]
+            assert record["exchanged_bytes"] > 0 and 0 < record["communication_share"] < 1
+        else:
+            assert record["exchanged_bytes"] == 0
+    limits = {(r["model"], r["processes"]): r for r in records if r["kind"] == "scale_limit"}
+    for model in ("tnn", "tcnca"):
+        assert limits[(model, 2)]["longest_length"] > limits[(model, 1)]["longest_length"] > 0
+        assert all(limits[(model, count)]["activation_bytes"] <= limits[(model, count)]["budget_bytes"] for count in (1, 2))

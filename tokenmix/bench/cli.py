@@ -21,6 +21,7 @@ from ..progress import progress_bar
 from ..runtime import retain_freed_memory, set_threads
 from ..table import format_table
 from ..train.config import DEVICE
+from ..train.distributed import init_distributed
 from ..version import source_revision
 from .cases import CASE_KINDS, DTYPES, GENERATE_KINDS, KINDS, MIXER_KINDS, TRAINING_KINDS, Case, batch_for, supports
 from .measure import measure
@@ -35,6 +36,7 @@ from .report import (
     table_columns,
     write_plots,
 )
+from .scale import SCALE_KINDS, scale_records, scale_tables, write_scale_plots
 from .worker import run_in_subprocess
 
 FULL = {
@@ -53,6 +55,12 @@ QUICK = {
     "model_dim": 128,
     "repeats": 3,
     "kinds": ["mixer", "model"],
+}
+SCALE = {  # --kinds scale (under torchrun)
+    "models": ["tnn", "fd_tnn", "ski_tnn", "tcnca", "transformer"],
+    "lengths": [16384, 32768, 65536],
+    "model_dim": 256,
+    "repeats": 3,
 }
 CHECK_LENGTH = 8  # every case runs once at this length before anything is measured
 KIND_LENGTHS = {"generate": "positions", "generate_mixer": "stream_lengths"}  # the argument holding a kind's lengths (else lengths)
@@ -76,11 +84,24 @@ def add_bench(subparsers) -> None:
     )
     parser.add_argument(
         "--kinds",
-        type=Names(KINDS),
+        type=Names((*KINDS, "scale")),
         default=None,
         help="any of mixer,layer,model,generate (default: mixer,layer,model; --quick: mixer,model); generate: decoding by every "
         "causal LM model (depth 4, batch 1) at positions --lengths, cached step against recompute, and by every mixer "
-        "that streams by its Toeplitz taps (tno, ski_tno, fd_tno; --mixers narrows them), token by token, tiled against the direct product",
+        "that streams by its Toeplitz taps (tno, ski_tno, fd_tno; --mixers narrows them), token by token, tiled against the direct "
+        "product; scale (alone, under torchrun): context parallelism's memory, step time and traffic per process for each of --processes "
+        "(default models tnn,fd_tnn,ski_tnn,tcnca,transformer at 16384,32768,65536 tokens, width 256; docs/scale.md)",
+    )
+    parser.add_argument(
+        "--processes", type=Lengths(), default=[1, 2, 4], help="--kinds scale: the context-parallel sizes measured (default: 1,2,4)"
+    )
+    parser.add_argument("--depth", type=Integer(1), default=4, help="--kinds scale: the models' depth (default: 4)")
+    parser.add_argument(
+        "--memory-budget",
+        type=Number(0, open_minimum=True, optional=True),
+        default=None,
+        metavar="GIB",
+        help="--kinds scale: also find, per process count, the longest length whose activations fit this many GiB per process",
     )
     parser.add_argument(
         "--lengths",
@@ -162,8 +183,12 @@ def add_bench(subparsers) -> None:
 
 
 def apply_presets(args) -> None:
-    """Fill the options the user left out from --quick's or the full run's presets."""
+    """Fill the options the user left out from --quick's, the full run's or --kinds scale's presets."""
     preset = {**FULL, "kinds": list(TRAINING_KINDS), **(QUICK if args.quick else {})}
+    if args.kinds and "scale" in args.kinds:
+        if args.kinds != ["scale"]:
+            raise ValueError(f"--kinds scale runs alone (under torchrun), not with {[kind for kind in args.kinds if kind != 'scale']}")
+        preset = {**FULL, **SCALE}
     args.positions = args.lengths  # --lengths sets the positions of --kinds generate too
     for key, value in preset.items():
         if getattr(args, key) is None:
@@ -243,6 +268,8 @@ def check_cases(cases: list[Case]) -> None:
 def run_bench(args) -> int:
     with user_input():
         apply_presets(args)
+        if args.kinds == ["scale"]:
+            return run_scale(args)
         device = resolve_device(args.device)
         args.device = str(device)  # the cases (and their worker processes) get the resolved name, not "auto"
         cases = bench_cases(args)
@@ -281,8 +308,30 @@ def run_bench(args) -> int:
     return 1 if failed else 0
 
 
+def run_scale(args) -> int:
+    """``--kinds scale``: every process measures its part; the first writes and prints the records."""
+    set_threads(args.threads)
+    check_output_path(args.output, "--output")
+    check_output_path(args.plot, "--plot", directory=True)
+    context = init_distributed(resolve_device(args.device))
+    try:
+        records = scale_records(args, source_revision())
+        if context.is_main:
+            if args.output:
+                write_json_atomic(args.output, records)
+            if args.plot:
+                write_scale_plots(records, args.plot)
+            print(f"# {platform.machine()}, {args.threads} threads per process, torch {torch.__version__}, {args.device}, {args.dtype}")
+            print(scale_tables(records))
+    finally:
+        context.close()
+    return 0
+
+
 def bench_tables(records: list[dict]) -> str:
     """The tables ``tokenmix bench`` prints for its records (those it writes with --output)."""
+    if records and records[0].get("kind") in SCALE_KINDS:
+        return scale_tables(records)
     return "\n\n".join(format_table(rows, table_columns(rows)) for rows in sections(records))
 
 
