@@ -25,6 +25,25 @@ def test_examples_follow_the_generator_rules(vocab, length):
         assert mapping[int(row[-2])] == int(row[-1])  # the asked key occurred, and its value is the answer
 
 
+@pytest.mark.parametrize(("pairs", "length"), [(1, 4), (3, 100), (16, 1000)])
+def test_pairs_come_first_and_the_answer_lies_far_back(pairs, length):
+    """``pairs=K``: K pairs, then no-ops up to the query, whose key is one of the K."""
+    tokens = recall_examples(30, 20, length, torch.Generator().manual_seed(2), pairs)
+    assert tokens.shape == (30, length + 1)
+    assert (tokens[:, 2 * pairs : -3] == NO_OP).all() and (tokens[:, -3] == QUERY).all()
+    for row in tokens:
+        mapping = {int(k): int(v) for k, v in row[: 2 * pairs].view(-1, 2)}
+        assert NO_OP not in mapping and mapping[int(row[-2])] == int(row[-1])
+
+
+def test_too_many_pairs_are_refused():
+    assert load_data("assoc-recall:vocab=20,pairs=4", 64).source == "assoc-recall:vocab=20,pairs=4"
+    with pytest.raises(ValueError, match=r"assoc-recall pairs \(at most \(--seq-len - 2\) // 2 = 31\) must be an integer in \[1, 31\]"):
+        load_data("assoc-recall:pairs=32", 64)
+    with pytest.raises(ValueError, match=r"the accepted form is assoc-recall\[:vocab=V\]\[,pairs=K\]"):
+        load_data("assoc-recall:gap=3", 64)
+
+
 def test_splits_are_fixed_per_seed_and_apart_from_training():
     task = AssociativeRecall(10, 64, seed=3, eval_examples=20)
     val, test = task.split("val"), task.split("test")

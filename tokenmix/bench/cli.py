@@ -314,11 +314,14 @@ def run_scale(args) -> int:
     check_output_path(args.output, "--output")
     check_output_path(args.plot, "--plot", directory=True)
     context = init_distributed(resolve_device(args.device))
+
+    def keep(records: list[dict]) -> None:
+        if args.output and context.is_main:
+            write_json_atomic(args.output, records)
+
     try:
-        records = scale_records(args, source_revision())
+        records = scale_records(args, source_revision(), keep)
         if context.is_main:
-            if args.output:
-                write_json_atomic(args.output, records)
             if args.plot:
                 write_scale_plots(records, args.plot)
             print(f"# {platform.machine()}, {args.threads} threads per process, torch {torch.__version__}, {args.device}, {args.dtype}")

@@ -142,8 +142,9 @@ class ScaleRun:
         return low, fitting_bytes
 
 
-def scale_records(args, revision: str | None) -> list[dict]:
-    """Every measurement of ``--kinds scale`` (all processes call it; rank 0's list is the whole)."""
+def scale_records(args, revision: str | None, measured=lambda records: None) -> list[dict]:
+    """Every measurement of ``--kinds scale`` (all processes call it; rank 0's list is the whole);
+    ``measured(records)`` after each new one (``--output`` keeps what a killed run measured)."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     processes = [count for count in args.processes if count <= world]
     groups = {count: dist.new_group(list(range(count))) if count > 1 else None for count in processes}  # every rank makes every group
@@ -155,13 +156,15 @@ def scale_records(args, revision: str | None) -> list[dict]:
             if rank < count:
                 run = ScaleRun(name, count, groups[count], args)
                 for length in args.lengths:
-                    measured = run.measure(length, args.repeats)
-                    records.append({"kind": "scale", "model": name, "processes": count, "length": length, **measured, **settings})
+                    result = run.measure(length, args.repeats)
+                    records.append({"kind": "scale", "model": name, "processes": count, "length": length, **result, **settings})
+                    measured(records)
                 if args.memory_budget is not None:
                     budget = int(args.memory_budget * 2**30)
                     longest, used = run.longest_length(min(args.lengths), budget)
                     limit = {"budget_bytes": budget, "longest_length": longest, "activation_bytes": used}
                     records.append({"kind": "scale_limit", "model": name, "processes": count, **limit, **settings})
+                    measured(records)
             if world > 1:
                 dist.barrier()
     return records

@@ -6,7 +6,7 @@
   (or ``.raw``), a byte corpus (``wikitext.py``).
 - ``glue-TASK:DIR[:max_length=N][:val_fraction=F][:dev=matched|mismatched]``: a GLUE task
   (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte) from its release TSVs (``glue_source.py``).
-- ``assoc-recall[:vocab=V]``: associative recall, generated (``recall.py``).
+- ``assoc-recall[:vocab=V][,pairs=K]``: associative recall, generated (``recall.py``).
 - ``listops[:key=value...]``: ListOps generated as the Long Range Arena does, seeded by the run's
   seed; options ``train``, ``val``, ``test`` (counts), ``min_length``, ``max_length``, ``max_depth``,
   ``max_args``, official by default (``listops.py``). ``listops:DIR``: the release's

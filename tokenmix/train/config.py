@@ -36,7 +36,7 @@ def parse_interval(text: str) -> tuple[int | None, float | None]:
 
 DATA_HELP = (
     "shakespeare (embedded), a .txt file or directory, bytes:FILE (enwik8 layout), wikitext:DIR, glue-TASK:DIR, "
-    "assoc-recall[:vocab=V], listops[:DIR][:key=value...], shapes[:size=N], lra-text:DIR, lra-retrieval:DIR, lra-image:DIR, "
+    "assoc-recall[:vocab=V][,pairs=K], listops[:DIR][:key=value...], shapes[:size=N], lra-text:DIR, lra-retrieval:DIR, lra-image:DIR, "
     "lra-pathfinder:DIR (docs/lra.md, docs/language.md)"
 )
 DATA = Parsed("a data source", str, ["/no/such/corpus.txt", "listops:no_such_option=1", "wikitext:/no/such/folder", "assoc-recall:vocab=0"])
