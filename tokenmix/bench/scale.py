@@ -3,7 +3,7 @@
 For each P of ``--processes`` (at most the processes torchrun started) the first P processes form a
 group and train one model at a time on sequences of each ``--lengths`` length split over them
 (``tokenmix.parallel``; batch 1, the model's depth ``--depth`` and width ``--model-dim``); the others
-wait. Per process, the largest over the group:
+wait, idle. Per process, the largest over the group:
 
 - ``activation_bytes``: what autograd keeps for the backward (distinct storages seen by
   saved-tensor hooks, weights excluded): the memory that grows with the length;
@@ -165,9 +165,21 @@ def scale_records(args, revision: str | None, measured=lambda records: None) -> 
                     limit = {"budget_bytes": budget, "longest_length": longest, "activation_bytes": used}
                     records.append({"kind": "scale_limit", "model": name, "processes": count, **limit, **settings})
                     measured(records)
-            if world > 1:
-                dist.barrier()
+            release_waiting(count, world, torch.device(args.device))
     return records
+
+
+def release_waiting(count: int, world: int, device: torch.device) -> None:
+    """The processes beyond the first ``count`` wait until those are done: a blocking receive from the
+    first, which, unlike gloo's barrier, does not keep their cores busy while the others are timed."""
+    if world == 1:
+        return
+    token = torch.zeros(1, device=device if device.type == "cuda" else "cpu")
+    if dist.get_rank() == 0:
+        for waiting in range(count, world):
+            dist.send(token, waiting)
+    elif dist.get_rank() >= count:
+        dist.recv(token, 0)
 
 
 def scale_tables(records: list[dict]) -> str:
