@@ -1,6 +1,7 @@
 """``tokenmix bench --kinds scale`` under torchrun: what context parallelism buys each process.
 
-For each P of ``--processes`` (at most the processes torchrun started) the first P processes form a
+For each P of ``--processes`` (at most the processes torchrun started; the largest first, so the
+most memory is asked last and what a process kept from before is reused) the first P processes form a
 group and train one model at a time on sequences of each ``--lengths`` length split over them
 (``tokenmix.parallel``; batch 1, the model's depth ``--depth`` and width ``--model-dim``); the others
 wait, idle. Per process, the largest over the group:
@@ -142,31 +143,31 @@ class ScaleRun:
         return low, fitting_bytes
 
 
-def scale_records(args, revision: str | None, measured=lambda records: None) -> list[dict]:
+def scale_records(args, revision: str | None, retained: bool, measured=lambda records: None) -> list[dict]:
     """Every measurement of ``--kinds scale`` (all processes call it; rank 0's list is the whole);
     ``measured(records)`` after each new one (``--output`` keeps what a killed run measured)."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     processes = [count for count in args.processes if count <= world]
     groups = {count: dist.new_group(list(range(count))) if count > 1 else None for count in processes}  # every rank makes every group
     settings = {"dim": args.model_dim, "depth": args.depth, "batch": 1, "threads": args.threads, "device": args.device}
-    settings |= {"dtype": args.dtype, "world_size": world, "git_commit": revision}
+    settings |= {"dtype": args.dtype, "world_size": world, "retain_freed_memory": retained, "git_commit": revision}
     records = []
     for name in args.models:
-        for count in processes:
+        for count in sorted(processes, reverse=True):  # the most memory last: what a process kept from before is reused, not added
             if rank < count:
                 run = ScaleRun(name, count, groups[count], args)
-                for length in args.lengths:
-                    result = run.measure(length, args.repeats)
-                    records.append({"kind": "scale", "model": name, "processes": count, "length": length, **result, **settings})
-                    measured(records)
                 if args.memory_budget is not None:
                     budget = int(args.memory_budget * 2**30)
                     longest, used = run.longest_length(min(args.lengths), budget)
                     limit = {"budget_bytes": budget, "longest_length": longest, "activation_bytes": used}
                     records.append({"kind": "scale_limit", "model": name, "processes": count, **limit, **settings})
                     measured(records)
+                for length in sorted(args.lengths):
+                    result = run.measure(length, args.repeats)
+                    records.append({"kind": "scale", "model": name, "processes": count, "length": length, **result, **settings})
+                    measured(records)
             release_waiting(count, world, torch.device(args.device))
-    return records
+    return sorted(records, key=lambda record: (record["kind"], args.models.index(record["model"]), record["processes"]))
 
 
 def release_waiting(count: int, world: int, device: torch.device) -> None:
