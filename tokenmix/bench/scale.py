@@ -105,22 +105,25 @@ class ScaleRun:
         return {
             "activation_bytes": self.activation_bytes(length),
             "step_ms": step_ms,
-            "communication_share": self.group_max(self.communication_seconds(tokens) * 1e3 / step_ms),
+            "communication_share": self.group_max(self.communication_share(tokens)),
             "exchanged_bytes": int(self.group_max(sent[0])),
             "gradient_bytes": sum(p.numel() * p.element_size() for p in self.model.parameters()) if self.split is not None else 0,
         }
 
-    def communication_seconds(self, tokens: torch.Tensor) -> float:
-        """Seconds of one step spent in collectives (torch.profiler)."""
+    def communication_share(self, tokens: torch.Tensor) -> float:
+        """The share of one step (profiled by torch.profiler, its own wall time) spent in collectives."""
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        self.synchronize()
+        started = time.perf_counter()
         with profile(activities=activities) as profiler:
             self.step(tokens)
             self.synchronize()
+        seconds = time.perf_counter() - started
         attribute = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
         events = [event for event in profiler.key_averages() if any(word in event.key.lower() for word in COLLECTIVES)]
-        return sum(getattr(event, attribute) for event in events) / 1e6
+        return min(1.0, sum(getattr(event, attribute) for event in events) / 1e6 / seconds)
 
     def longest_length(self, shortest: int, budget: int) -> tuple[int, int]:
         """(length, its activation bytes): the longest whose activations fit ``budget`` bytes per process."""
