@@ -35,6 +35,17 @@ def retain_freed_memory() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, _LARGEST_HEAP_BLOCK)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
 
 
+def release_freed_memory() -> None:
+    """Hand the heap's free memory back to the system now (glibc ``malloc_trim``; elsewhere nothing):
+    a process that kept freed blocks for reuse leaves room for others between two phases of work."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        return
+
+
 def available_cpus() -> int:
     """The CPUs this process may run on (its affinity mask; ``os.cpu_count()`` where there is none)."""
     try:

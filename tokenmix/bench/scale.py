@@ -22,6 +22,7 @@ halving the gap eight times), measured, not extrapolated.
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ import torch.distributed as dist
 from ..models.model import build_model
 from ..parallel import ContextParallel
 from ..parallel.exchange import traffic
+from ..runtime import release_freed_memory
 from ..table import format_table
 from ..train.memory import saved_tensor_bytes
 from .cases import DTYPES, MODEL_VOCAB
@@ -169,6 +171,9 @@ def scale_records(args, revision: str | None, retained: bool, measured=lambda re
                     result = run.measure(length, args.repeats)
                     records.append({"kind": "scale", "model": name, "processes": count, "length": length, **result, **settings})
                     measured(records)
+                del run
+                gc.collect()
+                release_freed_memory()  # the next group's processes need the room
             release_waiting(count, world, torch.device(args.device))
     return sorted(records, key=lambda record: (record["kind"], args.models.index(record["model"]), record["processes"]))
 
