@@ -320,7 +320,7 @@ def run_scale(args) -> int:
             write_json_atomic(args.output, records)
 
     try:
-        records = scale_records(args, source_revision(), retain_freed_memory(), keep)
+        records = scale_records(args, source_revision(), keep)
         keep(records)
         if context.is_main:
             if args.plot:

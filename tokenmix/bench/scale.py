@@ -1,10 +1,11 @@
 """``tokenmix bench --kinds scale`` under torchrun: what context parallelism buys each process.
 
 For each P of ``--processes`` (at most the processes torchrun started; the largest first, so the
-most memory is asked last and what a process kept from before is reused) the first P processes form a
-group and train one model at a time on sequences of each ``--lengths`` length split over them
-(``tokenmix.parallel``; batch 1, the model's depth ``--depth`` and width ``--model-dim``); the others
-wait, idle. Per process, the largest over the group:
+most memory is asked last) the first P processes form a group and train one model at a time on
+sequences of each ``--lengths`` length split over them (``tokenmix.parallel``; batch 1, depth
+``--depth``, width ``--model-dim``); the others wait, idle. Freed memory goes back to the system
+(glibc's default, and ``malloc_trim`` between groups: processes sharing a machine must not each
+keep their peak). Per process, the largest over the group:
 
 - ``activation_bytes``: what autograd keeps for the backward (distinct storages seen by
   saved-tensor hooks, weights excluded): the memory that grows with the length;
@@ -148,14 +149,14 @@ class ScaleRun:
         return low, fitting_bytes
 
 
-def scale_records(args, revision: str | None, retained: bool, measured=lambda records: None) -> list[dict]:
+def scale_records(args, revision: str | None, measured=lambda records: None) -> list[dict]:
     """Every measurement of ``--kinds scale`` (all processes call it; rank 0's list is the whole);
     ``measured(records)`` after each new one (``--output`` keeps what a killed run measured)."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     processes = [count for count in args.processes if count <= world]
     groups = {count: dist.new_group(list(range(count))) if count > 1 else None for count in processes}  # every rank makes every group
     settings = {"dim": args.model_dim, "depth": args.depth, "batch": 1, "threads": args.threads, "device": args.device}
-    settings |= {"dtype": args.dtype, "world_size": world, "retain_freed_memory": retained, "git_commit": revision}
+    settings |= {"dtype": args.dtype, "world_size": world, "git_commit": revision}
     records = []
     for name in args.models:
         for count in sorted(processes, reverse=True):  # the most memory last: what a process kept from before is reused, not added
