@@ -4,8 +4,8 @@ For each P of ``--processes`` (at most the processes torchrun started; the large
 most memory is asked last) the first P processes form a group and train one model at a time on
 sequences of each ``--lengths`` length split over them (``tokenmix.parallel``; batch 1, depth
 ``--depth``, width ``--model-dim``); the others wait, idle. Freed memory goes back to the system
-(glibc's default, and ``malloc_trim`` between groups: processes sharing a machine must not each
-keep their peak). Per process, the largest over the group:
+(``runtime.return_freed_memory``, and ``malloc_trim`` between groups: processes sharing a machine
+must not each keep their peak). Per process, the largest over the group:
 
 - ``activation_bytes``: what autograd keeps for the backward (distinct storages seen by
   saved-tensor hooks, weights excluded): the memory that grows with the length;
