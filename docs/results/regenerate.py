@@ -50,10 +50,13 @@ class Command:
 
     @property
     def argv(self) -> list[str]:
-        """The tool's words: without a leading ``time`` or ``NAME=value`` environment settings."""
+        """The tool's words: without a leading ``time`` or ``NAME=value`` environment settings, and
+        ``torchrun ... -m tokenmix.cli ARGS`` read as ``tokenmix ARGS``."""
         words = shlex.split(self.text.replace("\\\n", " "))
         while words and (words[0] == "time" or re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0])):
             words = words[1:]
+        if words[:1] == ["torchrun"] and "tokenmix.cli" in words:
+            words = ["tokenmix", *words[words.index("tokenmix.cli") + 1 :]]
         return words
 
     def option(self, name: str) -> str | None:
