@@ -37,6 +37,7 @@ from ..parallel.exchange import traffic
 from ..runtime import release_freed_memory
 from ..table import format_table
 from ..train.memory import saved_tensor_bytes
+from ..train.objectives import shard_cross_entropy
 from .cases import DTYPES, MODEL_VOCAB
 
 SCALE_KINDS = ("scale", "scale_limit")
@@ -60,10 +61,9 @@ class ScaleRun:
         """This process's share of the next-token loss of ``tokens`` (1, length + 1)."""
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
         if self.split is None:
-            return torch.nn.functional.cross_entropy(self.model(inputs)[0].float(), targets[0])
+            return shard_cross_entropy(self.model(inputs), targets, 0, inputs.shape[1])
         shard = self.split.shard(inputs.shape[1])
-        logits = self.split(inputs)[0].float()
-        return torch.nn.functional.cross_entropy(logits, targets[0, shard.start : shard.stop], reduction="sum") / inputs.shape[1]
+        return shard_cross_entropy(self.split(inputs), targets, shard.start, shard.stop)
 
     def step(self, tokens: torch.Tensor) -> None:
         self.model.zero_grad(set_to_none=True)

@@ -24,6 +24,14 @@ from .evaluate import EVAL_BATCH, evaluate_classification, evaluate_lm, evaluate
 from .metrics import glue_metrics
 
 
+def shard_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """The share of the batch's mean next-token loss that the logits of tokens [start, stop) carry (context
+    parallelism): their summed loss over the count of the whole batch's scored tokens (targets -100: unscored)."""
+    scored = (targets != -100).sum().clamp_min(1)
+    part = targets[:, start:stop]
+    return F.cross_entropy(logits.flatten(0, -2).float(), part.flatten(), ignore_index=-100, reduction="sum") / scored
+
+
 class Objective:
     """Batches of ``data`` for ``task``, their loss, and the evaluation of a split."""
 
@@ -58,11 +66,7 @@ class Objective:
         return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(), ignore_index=-100)
 
     def shard_loss(self, logits: torch.Tensor, targets: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-        """The share of ``loss`` of the whole batch that the logits of tokens [start, stop) carry (context
-        parallelism): their summed loss over the count of the whole batch's scored tokens."""
-        scored = (targets != -100).sum().clamp_min(1)
-        part = targets[:, start:stop]
-        return F.cross_entropy(logits.flatten(0, -2).float(), part.flatten(), ignore_index=-100, reduction="sum") / scored
+        return shard_cross_entropy(logits, targets, start, stop)
 
     def evaluate(self, model, split: str, *, length: int, max_tokens: int | None = None, batch_size: int = EVAL_BATCH) -> dict:
         raise NotImplementedError  # pragma: no cover - abstract
