@@ -1,5 +1,5 @@
-"""Run under torchrun (gloo): every registered model, split over the processes by context parallelism,
-against the same model in one process. Rank 0 writes one JSON record per (model, task, dtype)."""
+"""Run under torchrun (gloo): every registered model and task, split over the processes by context
+parallelism, against the same model in one process. Rank 0 writes one JSON record per (model, task, dtype)."""
 
 from __future__ import annotations
 
@@ -28,9 +28,13 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
 
 
+POOLS = {torch.float64: "last", torch.float32: "mean"}  # classification: where the pooled summary comes from
+
+
 def compare(name: str, task: str, dtype: torch.dtype, shard_of) -> dict:
     torch.manual_seed(0)
-    model = tokenmix.build_model(name, task=task, vocab_size=20, dim=8, depth=2, dropout=0.0, **small_options(name)).to(dtype)
+    head = {"num_classes": 3, "pool": POOLS[dtype]} if task == "classify" else {}
+    model = tokenmix.build_model(name, task=task, vocab_size=20, dim=8, depth=2, dropout=0.0, **head, **small_options(name)).to(dtype)
     processes = dist.get_world_size()
     problems = context_parallel_problems(model, processes)
     if problems:
@@ -44,6 +48,10 @@ def compare(name: str, task: str, dtype: torch.dtype, shard_of) -> dict:
     real = mask.sum()
 
     def loss_of(logits, span) -> torch.Tensor:
+        """The share of the batch's loss that positions ``span`` carry (classification: the loss over
+        the processes, every one of which holds the whole batch's class logits)."""
+        if task == "classify":
+            return torch.nn.functional.cross_entropy(logits, targets[:, 0] % 3) / (1 if span == slice(None) else processes)
         chosen = mask[:, span]
         return torch.nn.functional.cross_entropy(logits[chosen], targets[:, span][chosen], reduction="sum") / real
 
@@ -57,7 +65,10 @@ def compare(name: str, task: str, dtype: torch.dtype, shard_of) -> dict:
     local = context_parallel_logits(model, tokens, mask, shard)
     local_loss = loss_of(local, span)
     local_loss.backward()
-    errors = {"logits": relative_error(local[mask[:, span]], logits[:, span][mask[:, span]])}
+    if task == "classify":
+        errors = {"logits": relative_error(local, logits)}
+    else:
+        errors = {"logits": relative_error(local[mask[:, span]], logits[:, span][mask[:, span]])}
     loss = local_loss.detach().clone()
     dist.all_reduce(loss)
     errors["loss"] = relative_error(loss, loss_of(logits, slice(None)).detach())
@@ -92,7 +103,7 @@ def main(output: str) -> None:
 
     records = []
     for name in tokenmix.list_models():
-        for task in [task for task in ("lm", "mlm") if task in model_spec(name).tasks]:
+        for task in [task for task in ("lm", "mlm", "classify") if task in model_spec(name).tasks]:
             for dtype in (torch.float64, torch.float32):
                 records.append({"model": name, "task": task, "dtype": str(dtype), **compare(name, task, dtype, shard_of)})
     if rank == 0:

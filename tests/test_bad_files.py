@@ -478,7 +478,7 @@ CHECKPOINT_RESUME = {
     "a schedule with a string lr": set_at("scheduler.base_lrs", lambda values: ["fast"] * len(values)),
     "data_files with an entry of another type": set_at("data_files", lambda files: {name: 1 for name in files}),
     "data_files under an int key": set_at("data_files", lambda files: {0: {"bytes": 1, "sha256": "x"}, **files}),
-    "two segment states for one process": set_at("segment_states", lambda states: [None, None]),
+    "two segment states for one process": set_at("segment_states", lambda states: [None, {"position": 1}]),
     "a segment state that is a number": set_at("segment_states", lambda states: [1]),
     "a segment state of no class": set_at("segment_states", lambda states: [{"position": 1}]),
     "train_config with an unknown key": set_at("train_config", lambda config: {**config, "surprise": 1}),

@@ -40,11 +40,12 @@ def split_runs(request, tmp_path_factory) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", tokenmix.list_models())
 def test_a_split_sequence_gives_the_numbers_of_one_process(split_runs, name):
-    """Logits, loss and every parameter's gradient (summed over the processes) equal one process's, at a
-    length neither 2 nor 4 divides, with padding on both sides; the logits of every shard but the last
-    stay put when the last shard's tokens change (causal models). A model that cannot split says why."""
+    """Logits (classification: pooled over the shards), loss and every parameter's gradient (summed over
+    the processes) equal one process's, at a length neither 2 nor 4 divides, with padding on both sides;
+    the logits of every shard but the last stay put when the last shard's tokens change (causal models).
+    A model that cannot split says why."""
     records = split_runs[name]
-    assert {record["task"] for record in records} == {task for task in ("lm", "mlm") if task in model_spec(name).tasks}
+    assert {record["task"] for record in records} == set(model_spec(name).tasks)
     for record in records:
         if "problems" in record:
             assert record["problems"] and all(problem.startswith(f"model {name!r}: ") for problem in record["problems"])

@@ -68,8 +68,9 @@ class StreamingBlock:
         check_int(batch_size, "batch_size", minimum=0)
         return BlockState([part.init_state(batch_size, max_length=max_length, device=device, dtype=dtype) for part in self.stream_parts()])
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self.body(x, mask, Forward(mask))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, run=None) -> torch.Tensor:
+        """The body on ``x``; its parts run plainly, or by ``run`` (context parallelism's ``ContextRun``)."""
+        return self.body(x, mask, run or Forward(mask))
 
     def step(self, x: torch.Tensor, state: BlockState, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, BlockState]:
         check_state(state, BlockState, None, None, f"this {type(self).__name__}")  # the parts check batch and dtype

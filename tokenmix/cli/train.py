@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -27,7 +28,7 @@ def add_run_flags(parser, defaults: dict, skipped: tuple[str, ...] = (), helps: 
         flag = f"--{spec.name.replace('_', '-')}"
         kind, help_text = spec.metadata["kind"], (helps or {}).get(spec.name, spec.metadata["help"])
         if kind is None:  # a switch
-            parser.add_argument(flag, action="store_true", default=None, help=help_text)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
             continue
         default = defaults[spec.name]
         shown = "" if default is None else f" (default: {default})"

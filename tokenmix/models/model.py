@@ -22,8 +22,10 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from ..mixers.base import check_mask, common_padding_sides
@@ -45,6 +47,15 @@ def check_tokens(tokens: torch.Tensor, vocab_size: int, mask: torch.Tensor | Non
     if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab_size):
         raise ValueError(f"tokens must lie in [0, vocab_size={vocab_size}), got range [{tokens.min()}, {tokens.max()}]")
     check_mask(mask, tuple(tokens.shape))
+
+
+class PartRun(Protocol):
+    """How the blocks run on a part of the sequence (``tokenmix.parallel.ContextRun``): ``local`` takes
+    the part of a (batch, length) tensor, ``run(part, h)`` runs a part that mixes tokens."""
+
+    def local(self, t: torch.Tensor | None) -> torch.Tensor | None: ...
+
+    def __call__(self, part: nn.Module, h): ...
 
 
 @dataclass
@@ -83,6 +94,7 @@ class SequenceModel(nn.Module):
     """A stack of blocks chosen by model name, with the head of ``config.task``."""
 
     no_weight_decay = ("embedding.weight",)  # tied with the output layer
+    activation_checkpointing = False  # training sets it: blocks recompute their activations in the backward pass
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -124,14 +136,24 @@ class SequenceModel(nn.Module):
         blocks = [block.init_state(batch_size, max_length=max_length, device=device, dtype=dtype) for block in self.blocks]
         return ModelState(blocks, 0, self.signature)
 
-    def hidden_states(self, tokens: torch.Tensor, mask: torch.Tensor | None = None, state: ModelState | None = None):
-        """Final-norm hidden states (batch, n, dim); with a state, the stream continued and the next state."""
+    def hidden_states(
+        self, tokens: torch.Tensor, mask: torch.Tensor | None = None, state: ModelState | None = None, run: PartRun | None = None
+    ):
+        """Final-norm hidden states (batch, n, dim); with a state, the stream continued and the next state.
+
+        ``run``: the blocks run on ``run.local``'s part of the sequence only, each calling ``run`` where a
+        part mixes tokens (``tokenmix.parallel.ContextRun``: this process's shard, the rest exchanged).
+        """
         check_tokens(tokens, self.config.vocab_size, mask)
-        x = self.embed(tokens)
         if state is None:
+            local = (lambda t: t) if run is None else run.local
+            x, mask = self.embed(local(tokens)), local(mask)
             for block in self.blocks:
-                x = block(x, mask)
+                x = self._run_block(block, x, mask, run)
             return self.final_norm(x), None
+        if run is not None:
+            raise ValueError("a stream (state) runs the whole model in this process; give state or run, not both")
+        x = self.embed(tokens)
         check_state(state, ModelState, None, None, f"model {self.config.name!r}")  # the blocks' parts check batch and dtype
         if state.model != self.signature:
             raise ValueError(f"state was made by another model; expected one from this {self.config.name!r} model's init_state")
@@ -140,6 +162,14 @@ class SequenceModel(nn.Module):
             x, block_state = block.step(x, block_state, mask)
             blocks.append(block_state)
         return self.final_norm(x), ModelState(blocks, state.position + tokens.shape[1], state.model)
+
+    def _run_block(self, block: nn.Module, x: torch.Tensor, mask: torch.Tensor | None, run: PartRun | None) -> torch.Tensor:
+        """``block`` on ``x``, through its ``__call__`` (where FSDP gathers its weights); with
+        ``activation_checkpointing`` its activations are recomputed in the backward pass, not kept."""
+        inputs = (x, mask) if run is None else (x, mask, run)
+        if self.activation_checkpointing and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(block, *inputs, use_reentrant=False)
+        return block(*inputs)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """The blocks' input: token embeddings scaled by sqrt(dim), (batch, n, dim)."""
@@ -150,17 +180,24 @@ class SequenceModel(nn.Module):
         return h @ self.embedding.weight.t()
 
     def forward(
-        self, tokens: torch.Tensor, mask: torch.Tensor | None = None, *, state: ModelState | None = None, return_state: bool = False
+        self,
+        tokens: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        *,
+        state: ModelState | None = None,
+        return_state: bool = False,
+        run: PartRun | None = None,
     ):
-        """Logits; with ``state`` or ``return_state=True``, the stream's next logits and the state after them."""
+        """Logits; with ``state`` or ``return_state=True``, the stream's next logits and the state after them;
+        with ``run``, the logits of its part of the sequence (``hidden_states``)."""
         if self.classifier is not None:
-            if state is not None or return_state:
-                raise ValueError("only causal language models stream; a classifier reads whole examples (state=None)")
+            if state is not None or return_state or run is not None:
+                raise ValueError("only causal language models stream; a classifier reads whole examples (state=None, run=None)")
             return self.classify(tokens, mask)
         if state is None and return_state:
             check_tokens(tokens, self.config.vocab_size, mask)
             state = self.init_state(tokens.shape[0], device=tokens.device)
-        h, next_state = self.hidden_states(tokens, mask, state)
+        h, next_state = self.hidden_states(tokens, mask, state, run)
         logits = self.token_logits(h)
         return (logits, next_state) if return_state else logits
 

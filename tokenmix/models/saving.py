@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from safetensors.torch import save_model
+import torch
+from safetensors.torch import save_file, save_model
 from torch import nn
 
 from ..files import atomic_write, write_text_atomic
@@ -14,8 +15,13 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
 
-def save_pretrained(model: nn.Module, directory) -> None:
-    """Write ``model``'s weights, then its ``config``, each atomically (temporary file, then rename)."""
+def save_pretrained(model: nn.Module, directory, weights: dict[str, torch.Tensor] | None = None) -> None:
+    """Write ``model``'s weights, then its ``config``, each atomically (temporary file, then rename);
+    ``weights``: its whole state dict where the model holds a shard of it (FSDP, ``parallel.fsdp.full_state_dict``)."""
     directory = Path(directory)
-    atomic_write(directory / WEIGHTS_FILE, lambda temporary: save_model(model, str(temporary)))
+    if weights is None:
+        atomic_write(directory / WEIGHTS_FILE, lambda temporary: save_model(model, str(temporary)))
+    else:
+        whole = {key: value.contiguous() for key, value in weights.items()}
+        atomic_write(directory / WEIGHTS_FILE, lambda temporary: save_file(whole, str(temporary)))
     write_text_atomic(directory / CONFIG_FILE, model.config.to_json())

@@ -51,6 +51,10 @@ class ContextRun:
         self.shard, self.mask = shard, mask
         self.strategies = {"body": self.body, "halo": self.halo, "channels": self.channels, "heads": self.heads}
 
+    def local(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        """This shard's positions of a (batch, length) tensor."""
+        return None if t is None else t[:, self.shard.start : self.shard.stop]
+
     def mask_of(self, begin: int, end: int) -> torch.Tensor | None:
         return None if self.mask is None else self.mask[:, begin:end]
 
@@ -135,11 +139,7 @@ def context_parallel_logits(model: SequenceModel, tokens: torch.Tensor, mask: to
         raise ValueError(f"tokens have length {tokens.shape[1]}, but the shard was made for sequences of {shard.length}")
     if shard.length < shard.size:
         raise ValueError(f"sequences of {shard.length} tokens cannot be split over {shard.size} processes: give each at least one token")
-    run = ContextRun(shard, mask)
-    x = model.embed(tokens[:, shard.start : shard.stop])
-    for block in model.blocks:
-        x = run(block, x)
-    return model.token_logits(model.final_norm(x))
+    return model(tokens, mask, run=ContextRun(shard, mask))
 
 
 class ContextParallel(nn.Module):

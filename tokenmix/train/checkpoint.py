@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..files import atomic_write
+from .sharded_checkpoint import read_weights, shards_of
 
 CHECKPOINT_FILE = "checkpoint.pt"
 FORMAT_KEY = "checkpoint_format"
@@ -326,10 +327,17 @@ def model_from_checkpoint(path, device="cpu"):
     state = load_checkpoint(file)
     config = model_config_of(state, file)
     model = SequenceModel(config)
-    load_weights(model, state["model"], str(file))
+    load_weights(model, checkpoint_weights(state, file), str(file))
     tokenizer = checkpoint_tokenizer(state, file)
     check_tokenizer_beside(file, tokenizer)
     return model.to(resolve_device(device)).eval(), state["train_config"], tokenizer
+
+
+def checkpoint_weights(state: dict, file: Path) -> dict[str, torch.Tensor]:
+    """The model's weights of a checkpoint read from ``file``: kept in it, or read whole from the shard
+    folder it names (a run trained with ``--fsdp``)."""
+    shards = shards_of(state, file)
+    return state["model"] if shards is None else read_weights(shards)
 
 
 def check_tokenizer_beside(file: Path, tokenizer) -> None:

@@ -1,6 +1,7 @@
 """The checkpointing side of a ``Trainer``: what a checkpoint holds, writing it, and resuming from it
 (the settings a resume may change, the data files it must find unchanged, the weights, optimizer,
-schedule, RNG and XL streams it restores)."""
+schedule, RNG and XL streams it restores). With ``--fsdp`` the weights and optimizer state are
+written sharded (``sharded_checkpoint.py``); a resume reads either kind on any number of processes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from ..data.provenance import data_changes
 from ..models.pretrained import load_weights
+from ..parallel.fsdp import local_part
 from .checkpoint import (
     CHECKPOINT_FILE,
     check_resumable,
@@ -23,13 +25,15 @@ from .checkpoint import (
     train_config_of,
 )
 from .runs import MODEL_DIRECTORY, resume_changes
+from .sharded_checkpoint import SHARDS_KEY, load_shards, remove_unused_shards, save_shards, shards_of
 from .stopping import TrainingDiverged
 
 
 def check_world_size(checkpoint: dict, world_size: int, path: Path) -> None:
     """A checkpoint with XL streams resumes on as many processes as wrote it (one stream each)."""
-    written_by = len(checkpoint.get("segment_states") or [None] * world_size)
-    if written_by != world_size:
+    streams = checkpoint.get("segment_states") or []
+    written_by = len(streams)
+    if any(stream is not None for stream in streams) and written_by != world_size:
         raise ValueError(f"--resume: checkpoint {str(path)!r} was written by {written_by} processes; resume with as many")
 
 
@@ -37,12 +41,13 @@ class CheckpointedRun:
     """Mixin of ``Trainer``: its checkpoint and resume (the attributes are the Trainer's)."""
 
     def state(self) -> dict:
-        """What a checkpoint holds, but the XL streams (``save`` gathers them from every process)."""
+        """What a checkpoint holds, but the XL streams (``save`` gathers them from every process) and,
+        with ``--fsdp``, the weights and optimizer state (``save`` writes them sharded)."""
         return {
             "model_config": self.model.config.to_dict(),
             "train_config": asdict(self.config),
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "model": {} if self.config.fsdp else self.model.state_dict(),
+            "optimizer": {} if self.config.fsdp else self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
             "total_steps": self.total_steps,
@@ -77,6 +82,12 @@ class CheckpointedRun:
                 f"--resume: the run in {str(self.out)!r} already finished at step {state['step']}; "
                 f"give --steps > {state['step']} (or a longer --minutes) to train further"
             )
+        path = self.out / CHECKPOINT_FILE
+        if self.config.fsdp and shards_of(state, path) is None:
+            raise ValueError(
+                f"--resume --fsdp reads sharded checkpoints; {str(path)!r} was written without --fsdp: resume it without "
+                "--fsdp (--no-fsdp), and its next checkpoints stay whole"
+            )
         state["changes"] = changes
         self._check_data_files(state)
         return state
@@ -104,8 +115,13 @@ class CheckpointedRun:
 
     def _resume(self, state: dict) -> None:
         path = self.out / CHECKPOINT_FILE
-        load_weights(self.model, state["model"], f"checkpoint {str(path)!r}")
-        load_optimizer_state(self.optimizer, self.scheduler, state, path)
+        shards = shards_of(state, path)
+        if shards is not None:
+            load_shards(shards, state["optimizer"], self.model, self.optimizer)
+            self.scheduler.load_state_dict(state["scheduler"])
+        else:
+            load_weights(self.model, state["model"], f"checkpoint {str(path)!r}")
+            load_optimizer_state(self.optimizer, self.scheduler, state, path)
         self.step, self.total_steps = state["step"], state["total_steps"]
         self.train_seconds = state.get("train_seconds", 0.0)
         self.resumes = list(state.get("resumes", []))
@@ -115,8 +131,9 @@ class CheckpointedRun:
             for group, base_lr in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
                 group["lr"] = base_lr * self._multiplier(self.step)  # the schedule of the new run length, from this step on
         restore_rng_state(state["rng"], path)
-        segment_states = state.get("segment_states") or [None] * self.context.world_size
-        segment_state = segment_state_of(segment_states[self.context.rank], self.model, self.config.batch_size, path, self.context.rank)
+        streams = state.get("segment_states") or []  # one per process for XL models (check_world_size), else none or Nones
+        stream = streams[self.context.rank] if self.context.rank < len(streams) else None
+        segment_state = segment_state_of(stream, self.model, self.config.batch_size, path, self.context.rank)
         self.segment_state = None if segment_state is None else segment_state.to(self.device)
         if changes:
             self.resumes.append({"step": self.step, "changed": changes})
@@ -124,10 +141,17 @@ class CheckpointedRun:
 
     def save(self) -> None:
         """Write the checkpoint (all ranks take part); refuses to replace a good one with non-finite weights."""
-        if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
+        finite = all(bool(torch.isfinite(local_part(p)).all()) for p in self.model.parameters())
+        if self._agree(not finite)[0]:
             raise TrainingDiverged(
                 f"the weights became non-finite at step {self.step}; the last good checkpoint in {str(self.out)!r} is kept"
             )
         segment_states = self.context.gather_objects(None if self.segment_state is None else self.segment_state.to("cpu").to_plain())
+        state = {**self.state(), "segment_states": segment_states}
+        if self.config.fsdp:
+            state[SHARDS_KEY], state["optimizer"] = save_shards(
+                self.out, self.step, self.model, self.optimizer, self.context.is_main, self.context.barrier
+            )
         if self.context.is_main:
-            save_checkpoint(self.out / CHECKPOINT_FILE, {**self.state(), "segment_states": segment_states})
+            save_checkpoint(self.out / CHECKPOINT_FILE, state)
+            remove_unused_shards(self.out, state.get(SHARDS_KEY))

@@ -81,6 +81,10 @@ class TrainConfig:
     context_parallel: int = setting(
         1, Integer(1), "split each sequence over this many torchrun processes (context parallelism, docs/scale.md); they must divide them"
     )
+    fsdp: bool = setting(
+        False, None, "shard parameters, gradients and optimizer state over the torchrun processes (FSDP2); checkpoints become sharded"
+    )
+    activation_checkpointing: bool = setting(False, None, "recompute each block's activations in the backward pass instead of keeping them")
     eval_every: int = setting(150, Integer(1), "validate every this many steps, on --eval-tokens tokens")
     eval_tokens: int = setting(32768, Integer(1), "validation tokens of each periodic evaluation")
     final_eval_tokens: int | None = setting(

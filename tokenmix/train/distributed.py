@@ -1,5 +1,6 @@
 """torchrun integration: gloo on CPU, NCCL on CUDA; with context parallelism a 2-D ``DeviceMesh``
-(data parallel x context parallel, torchtitan's layout) whose ``"cp"`` groups split each sequence."""
+(data parallel x context parallel, torchtitan's layout) whose ``"cp"`` groups split each sequence;
+FSDP shards parameters over every process (the dp x cp product), as DDP replicates them."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class DistributedContext:
     context_group: object = None  # the ProcessGroup of the processes sharing this one's sequences
     context_rank: int = 0  # this process's shard of them
     data_rank: int = 0  # which batches this process reads: the same for every process of a context group
+    shard_mesh: object = None  # a 1-D DeviceMesh of every process: what FSDP shards parameters over
 
     @property
     def data_parallel_size(self) -> int:
@@ -76,9 +78,15 @@ def launched_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def check_context_parallel(context_parallel: int) -> None:
-    """ValueError unless ``context_parallel`` processes per sequence fit the processes torchrun started."""
+def check_launch(context_parallel: int, fsdp: bool) -> None:
+    """ValueError unless ``context_parallel`` processes per sequence fit the processes torchrun started,
+    and ``fsdp`` has processes to shard over."""
     world_size = launched_world_size()
+    if fsdp and world_size == 1:
+        raise ValueError(
+            "--fsdp shards the model over torchrun processes: start them with torchrun --standalone --nproc-per-node N "
+            "-m tokenmix.cli train ..., or train in one process without it (--no-fsdp)"
+        )
     if context_parallel > 1 and world_size == 1:
         raise ValueError(
             f"--context-parallel {context_parallel} splits each sequence over torchrun processes: start them with "
@@ -94,7 +102,7 @@ def check_context_parallel(context_parallel: int) -> None:
 def init_distributed(device: torch.device, context_parallel: int = 1) -> DistributedContext:
     """Join the process group when launched by torchrun (WORLD_SIZE > 1); with ``context_parallel`` P > 1,
     ranks r and r' share sequences when r // P == r' // P (a ("dp", "cp") DeviceMesh)."""
-    check_context_parallel(context_parallel)
+    check_launch(context_parallel, fsdp=False)
     world_size = launched_world_size()
     if world_size == 1:
         return DistributedContext()
@@ -108,8 +116,9 @@ def init_distributed(device: torch.device, context_parallel: int = 1) -> Distrib
             )
         torch.cuda.set_device(local_rank)
     dist.init_process_group(backend)
+    shard_mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("shard",))
     if context_parallel == 1:
-        return DistributedContext(dist.get_rank(), world_size, local_rank, data_rank=dist.get_rank())
+        return DistributedContext(dist.get_rank(), world_size, local_rank, data_rank=dist.get_rank(), shard_mesh=shard_mesh)
     mesh = init_device_mesh(device.type, (world_size // context_parallel, context_parallel), mesh_dim_names=("dp", "cp"))
     return DistributedContext(
         dist.get_rank(),
@@ -119,4 +128,5 @@ def init_distributed(device: torch.device, context_parallel: int = 1) -> Distrib
         mesh.get_group("cp"),
         mesh["cp"].get_local_rank(),
         mesh["dp"].get_local_rank(),
+        shard_mesh,
     )

@@ -33,6 +33,7 @@ from ..devices import resolve_device
 from ..models.model import ModelState, SequenceModel
 from ..models.saving import save_pretrained
 from ..parallel import ContextParallel, context_parallel_problems
+from ..parallel.fsdp import full_state_dict, shard_model
 from ..progress import progress_bar
 from ..runtime import set_threads
 from ..validation import set_finite_checks
@@ -44,7 +45,7 @@ from .checkpoint import (
 )
 from .checkpointing import CheckpointedRun, check_world_size
 from .config import DEFAULT_WARMUP, TrainConfig, parse_interval
-from .distributed import DistributedContext, check_context_parallel, init_distributed
+from .distributed import DistributedContext, check_launch, init_distributed
 from .evaluate import EVAL_BATCH, describe
 from .finetune import Pretrained, load_initial_weights, read_pretrained
 from .memory import GB, check_memory_fits, describe_memory, estimate_training_memory, peak_memory
@@ -52,6 +53,7 @@ from .objectives import check_task, objective_for
 from .optim import build_optimizer
 from .runs import METRICS_FILE, MODEL_DIRECTORY, append_metrics, check_directory, claim_directory, clean_stale, truncate_metrics
 from .schedule import lr_multiplier
+from .sharded_checkpoint import SHARDS_KEY
 from .stopping import StopSignals, TrainingDiverged, TrainingInterrupted
 
 CALIBRATION_STEPS = 5
@@ -86,7 +88,7 @@ class Trainer(CheckpointedRun):
             set_finite_checks(True)
         self.device = resolve_device(config.device)
         check_task(config.data, config.task)  # before the data is read or generated
-        check_context_parallel(config.context_parallel)
+        check_launch(config.context_parallel, config.fsdp)
         saved = self._load_checkpoint() if resume else None
         if config.init is not None and not resume:  # ``pretrained``: config.init already read (tokenmix finetune)
             self.pretrained = pretrained or read_pretrained(config.init)
@@ -130,6 +132,7 @@ class Trainer(CheckpointedRun):
         if checkpoint is not None:
             check_world_size(checkpoint, self.context.world_size, self.out / CHECKPOINT_FILE)
         self.model.to(self.device)
+        self.model.activation_checkpointing = config.activation_checkpointing
         self.split: ContextParallel | None = None  # the model on this process's shard of each sequence
         if config.context_parallel > 1:
             self.split = ContextParallel(self.model, self.context.context_group, self.context.context_rank, config.context_parallel)
@@ -139,7 +142,7 @@ class Trainer(CheckpointedRun):
         self.removed_stale: list[Path] = []
         if self.context.is_main:  # only now, with every setting checked, is the directory touched
             if resume:
-                self.removed_stale = clean_stale(self.out)
+                self.removed_stale = clean_stale(self.out, checkpoint.get(SHARDS_KEY))
                 truncate_metrics(self.out / METRICS_FILE, checkpoint["step"])
             else:
                 self.removed_stale = claim_directory(self.out, overwrite)
@@ -147,7 +150,10 @@ class Trainer(CheckpointedRun):
                     self.tokenizer.save(self.out / TOKENIZER_FILE)
         self.context.barrier()
         self.trained = self.model
-        if self.context.enabled:
+        if config.fsdp:
+            shard_model(self.model, self.context.shard_mesh)
+            self.trained = self.split or self.model
+        elif self.context.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.trained = torch.nn.parallel.DistributedDataParallel(self.split or self.model, device_ids=ids)
         self.optimizer = build_optimizer(self.model, config.lr, config.weight_decay, (config.beta1, config.beta2))
@@ -370,8 +376,9 @@ class Trainer(CheckpointedRun):
             if self.memory.peak is not None:
                 final["estimated_peak_gb"] = self.memory.peak / GB
             self.log({"step": self.step, "split": "val", "final": True, **final})
+            weights = full_state_dict(self.model) if self.config.fsdp else None  # every process takes part
             if self.context.is_main:
-                save_pretrained(self.model, self.out / MODEL_DIRECTORY)
+                save_pretrained(self.model, self.out / MODEL_DIRECTORY, weights)
                 if self.tokenizer is not None:
                     self.tokenizer.save(self.out / MODEL_DIRECTORY / TOKENIZER_FILE)
         self.context.barrier()

@@ -16,12 +16,17 @@ from ..data.tokenizer import TOKENIZER_FILE
 from ..fields import check_writable
 from ..files import remove_stale_temporaries, write_text_atomic
 from .checkpoint import CHECKPOINT_FILE
+from .sharded_checkpoint import SHARDS_DIRECTORY, remove_unused_shards
 
 METRICS_FILE = "metrics.jsonl"
 MODEL_DIRECTORY = "model"
-RUN_FILES = (CHECKPOINT_FILE, METRICS_FILE, MODEL_DIRECTORY, TOKENIZER_FILE)
-# Settings a resume may change: how long to train, how to watch and save the run, and where it lives.
-RESUMABLE = ("steps", "minutes", "eval_every", "eval_tokens", "final_eval_tokens", "save_every", "threads", "device", "check_finite", "out")
+RUN_FILES = (CHECKPOINT_FILE, SHARDS_DIRECTORY, METRICS_FILE, MODEL_DIRECTORY, TOKENIZER_FILE)
+# Settings a resume may change: how long to train, how to watch and save the run, where it lives and
+# how its work is spread over processes.
+RESUMABLE = (
+    "steps", "minutes", "eval_every", "eval_tokens", "final_eval_tokens", "save_every", "threads", "device", "check_finite", "out",
+    "context_parallel", "fsdp", "activation_checkpointing",
+)  # fmt: skip
 
 
 def existing_run_files(out: Path) -> list[str]:
@@ -50,9 +55,10 @@ def claim_directory(out: Path, overwrite: bool) -> list[Path]:
     return clean_stale(out)
 
 
-def clean_stale(out: Path) -> list[Path]:
-    """Remove the temporary files a killed save left (``checkpoint.pt.tmp``, ``model/*.tmp``)."""
-    return remove_stale_temporaries(out) + remove_stale_temporaries(out / MODEL_DIRECTORY)
+def clean_stale(out: Path, shards: str | None = None) -> list[Path]:
+    """Remove what a killed save left: temporary files (``checkpoint.pt.tmp``, ``model/*.tmp``) and shard
+    folders but the checkpoint's ``shards``."""
+    return remove_stale_temporaries(out) + remove_stale_temporaries(out / MODEL_DIRECTORY) + remove_unused_shards(out, shards)
 
 
 def resume_changes(saved: dict, requested: dict, step: int) -> dict[str, list]:

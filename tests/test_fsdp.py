@@ -1,0 +1,170 @@
+"""FSDP2 (``--fsdp``), activation checkpointing and sharded checkpoints, under torchrun (gloo):
+sharding changes where parameters live, not the steps taken."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from context_parallel_worker import small_options
+
+import tokenmix
+from tokenmix.models.registry import list_models
+from tokenmix.train.checkpoint import load_checkpoint, model_from_checkpoint
+
+TRAIN = ["--dim", "16", "--depth", "2", "--seq-len", "64", "--batch-size", "2", "--eval-tokens", "1024", "--final-eval-tokens", "1024"]
+TRAIN += ["--threads", "1", "--schedule", "inverse_sqrt", "--warmup", "2", "--sample-tokens", "0", "-o", "rpe_dim=8"]
+KILL_WORKER = Path(__file__).with_name("fsdp_kill_worker.py")
+ENVIRONMENT = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def launch(processes: int, *arguments: str) -> subprocess.CompletedProcess:
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)] if processes > 1 else []
+    return subprocess.run([sys.executable, *launcher, *arguments], capture_output=True, text=True, timeout=600, env=ENVIRONMENT)
+
+
+def train(out: Path, processes: int, *flags: str) -> dict:
+    """``tokenmix train`` (under torchrun with ``processes`` > 1): {"steps": losses by step, "val": the final validation loss}."""
+    result = launch(processes, "-m", "tokenmix.cli", "train", "--out", str(out), *TRAIN, *flags)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {
+        "steps": {record["step"]: record["loss"] for record in records if "split" not in record and "event" not in record},
+        "val": [record["loss"] for record in records if record.get("final")][-1],
+    }
+
+
+def assert_same_curve(got: dict, want: dict, tolerance: float) -> None:
+    assert got["steps"].keys() == want["steps"].keys()
+    for step, loss in want["steps"].items():
+        assert abs(got["steps"][step] - loss) <= tolerance * abs(loss), (step, got["steps"][step], loss)
+    assert abs(got["val"] - want["val"]) <= tolerance * abs(want["val"])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """20 steps of tnn: DDP and FSDP (with activation checkpointing) on 2 processes, FSDP on dp 2 x cp 2."""
+    root = tmp_path_factory.mktemp("fsdp")
+    steps = ["--steps", "20", "--eval-every", "20", "--save-every", "10"]
+    return {
+        "ddp": train(root / "ddp", 2, *steps),
+        "fsdp": train(root / "fsdp", 2, *steps, "--fsdp", "--activation-checkpointing"),
+        "fsdp_2d": train(root / "fsdp_2d", 4, *steps, "--fsdp", "--context-parallel", "2"),
+        "root": root,
+    }
+
+
+@pytest.mark.slow
+def test_fsdp_takes_the_steps_of_ddp(runs):
+    """The same loss at each of 20 steps and the same validation loss: sharding is exact (float32 reductions in another order)."""
+    assert len(runs["fsdp"]["steps"]) == 20
+    assert_same_curve(runs["fsdp"], runs["ddp"], 1e-5)
+
+
+@pytest.mark.slow
+def test_fsdp_over_data_and_context_parallel_processes_equals_data_parallel_alone(runs):
+    """dp 2 x cp 2 = 4 processes read the batches of dp 2 and split each sequence in two: the same steps."""
+    assert_same_curve(runs["fsdp_2d"], runs["ddp"], 1e-5)
+
+
+@pytest.mark.slow
+def test_a_sharded_run_is_read_in_one_process(runs, tmp_path):
+    """The checkpoint of a --fsdp run names its shard folder; eval, generate and export-hf read the whole
+    model from it in one process, and it is the model the run wrote at its end."""
+    run = runs["root"] / "fsdp"
+    state = load_checkpoint(run)
+    assert state["shards"] == "shards/step-00000020" and state["model"] == {}
+    assert sorted(path.name for path in (run / "shards").iterdir()) == ["step-00000020"]  # step 10's went once step 20's was kept
+    assert len(list((run / "shards" / "step-00000020").glob("*.safetensors"))) == 2  # one file per process
+    model, _, _ = model_from_checkpoint(run)
+    final = tokenmix.from_pretrained(run / "model")
+    for (name, weight), (other, whole) in zip(model.state_dict().items(), final.state_dict().items(), strict=True):
+        assert name == other and torch.equal(weight, whole), name
+    reads = [["eval", str(run)], ["generate", str(run), "--prompt", "To be", "--max-new-tokens", "8"]]
+    reads.append(["export-hf", str(run), str(tmp_path / "hf")])
+    for command in reads:
+        result = launch(1, "-m", "tokenmix.cli", *command)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_run_sharded_over_four_processes_continues_exactly_on_two_and_on_one(tmp_path):
+    """Saved by 4 processes (FSDP, each sequence split in 4) at step 4, resumed by 2 (FSDP, split in 2)
+    and by 1 (neither): steps 5 to 8 and the validation are those of one process that never stopped."""
+    alone = train(tmp_path / "alone", 1, "--steps", "8", "--eval-every", "8")
+    train(tmp_path / "four", 4, "--steps", "4", "--eval-every", "4", "--fsdp", "--context-parallel", "4")
+    for processes, flags in ((2, ["--context-parallel", "2"]), (1, ["--context-parallel", "1", "--no-fsdp"])):
+        shutil.copytree(tmp_path / "four", tmp_path / f"resumed_{processes}")
+        resumed = train(tmp_path / f"resumed_{processes}", processes, "--resume", "--steps", "8", *flags)
+        assert_same_curve(resumed, alone, 1e-5)
+        assert load_checkpoint(tmp_path / f"resumed_{processes}").get("shards") == ("shards/step-00000008" if processes == 2 else None)
+
+
+@pytest.mark.slow
+def test_a_save_killed_midway_keeps_the_previous_checkpoint(tmp_path):
+    """Process 0 killed after step 4's shards are written, before checkpoint.pt names them: the run
+    resumes from step 2 (the unfinished folder removed), in one process."""
+    run = tmp_path / "run"
+    result = launch(2, str(KILL_WORKER), str(run))
+    assert result.returncode != 0
+    assert load_checkpoint(run)["step"] == 2 and (run / "shards" / "step-00000004").is_dir()
+    result = launch(1, "-m", "tokenmix.cli", "train", "--resume", "--out", str(run), "--no-fsdp", "--steps", "3", "--sample-tokens", "0")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "removed" in result.stdout + result.stderr and not (run / "shards").exists()
+    assert load_checkpoint(run)["step"] == 3
+
+
+def test_fsdp_without_torchrun_says_how_to_start_it(tmp_path):
+    from tokenmix.train.config import TrainConfig
+    from tokenmix.train.loop import Trainer
+
+    with pytest.raises(ValueError, match=r"--fsdp shards the model over torchrun processes: start them with torchrun"):
+        Trainer(TrainConfig(dim=16, depth=1, seq_len=32, steps=1, out=str(tmp_path / "run"), fsdp=True), progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_whole_checkpoint_does_not_resume_sharded(tmp_path, monkeypatch):
+    """--resume --fsdp needs a sharded checkpoint: a whole one says to resume without --fsdp."""
+    from tokenmix.train.config import TrainConfig
+    from tokenmix.train.loop import Trainer
+
+    config = TrainConfig(dim=16, depth=1, seq_len=32, steps=1, eval_tokens=64, final_eval_tokens=64, out=str(tmp_path / "run"))
+    Trainer(config, progress=False).run()
+    monkeypatch.setattr("tokenmix.train.loop.check_launch", lambda *_: None)  # as if under torchrun: the refusal comes first
+    with pytest.raises(ValueError, match=r"--resume --fsdp reads sharded checkpoints; .* resume it without --fsdp"):
+        Trainer(TrainConfig(**{**config.__dict__, "steps": 2, "fsdp": True}), resume=True, progress=False)
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_activation_checkpointing_recomputes_the_same_gradients(name):
+    """Every model: with its blocks' activations recomputed in the backward pass, the loss and every
+    gradient are those of the plain backward pass (dropout included: the recomputation replays its RNG)."""
+    spec = tokenmix.models.registry.model_spec(name)
+    task = "lm" if "lm" in spec.tasks else spec.tasks[0]
+    torch.manual_seed(0)
+    classes = {"num_classes": 3} if task == "classify" else {}
+    model = tokenmix.build_model(name, task=task, vocab_size=20, dim=8, depth=2, dropout=0.1, **classes, **small_options(name))
+    tokens = torch.randint(0, 20, (2, 19))
+
+    calls = []
+    model.blocks[0].register_forward_pre_hook(lambda *_: calls.append(1))
+
+    def gradients(checkpointing: bool) -> dict:
+        model.activation_checkpointing = checkpointing
+        model.zero_grad()
+        calls.clear()
+        torch.manual_seed(1)
+        model(tokens).float().square().mean().backward()
+        assert len(calls) == (2 if checkpointing else 1)  # recomputed in the backward pass
+        return {key: parameter.grad.clone() for key, parameter in model.named_parameters() if parameter.grad is not None}
+
+    plain, recomputed = gradients(False), gradients(True)
+    assert plain.keys() == recomputed.keys() and plain
+    for key in plain:
+        assert torch.allclose(recomputed[key], plain[key], rtol=1e-5, atol=1e-7), key
