@@ -13,6 +13,8 @@ import pytest
 import torch
 
 import tokenmix
+from tokenmix.models.config import POOLS
+from tokenmix.models.model import pool_hidden, pooling_weights
 from tokenmix.models.registry import model_spec
 from tokenmix.parallel import ContextShard, context_parallel_logits, context_parallel_problems, shard_bounds
 
@@ -84,8 +86,20 @@ def test_what_cannot_split_says_why_before_any_work():
     assert context_parallel_problems(one_head, 2) == [
         "model 'transformer': AttentionCore has 1 attention head(s), fewer than the 2 processes that would share them"
     ]
-    classifier = tokenmix.build_model("tnn", task="classify", num_classes=3, vocab_size=20, dim=16, depth=1)
-    assert "task 'classify'" in context_parallel_problems(classifier, 2)[0]
+    dual_encoder = tokenmix.build_model("tnn", task="classify", num_classes=3, documents=2, vocab_size=20, dim=16, depth=1)
+    assert context_parallel_problems(dual_encoder, 2) == []  # pooling adds the shards' sums
+
+
+@pytest.mark.parametrize("how", POOLS)
+def test_pooled_summaries_add_up_over_the_shards(how):
+    """A split classifier pools by adding each shard's weighted sum of its hidden states (``ContextRun.pool``):
+    for every pooling, with padding on either side, the sums over 4 shards give ``pool_hidden`` of the whole."""
+    h = torch.randn(2, 23, 4, dtype=torch.float64)
+    mask = torch.ones(2, 23, dtype=torch.bool)
+    mask[0, :3], mask[1, -6:] = False, False
+    weights = pooling_weights(mask, (2, 23), how, torch.float64)
+    parts = [torch.einsum("bn,bnd->bd", weights[:, start:stop], h[:, start:stop]) for start, stop in shard_bounds(23, 4)]
+    torch.testing.assert_close(torch.stack(parts).sum(0), pool_hidden(h, mask, how), rtol=1e-13, atol=1e-13)
 
 
 def test_a_sequence_shorter_than_the_group_is_refused():
@@ -123,6 +137,18 @@ def test_training_with_the_sequence_split_over_two_processes_follows_one_process
     assert abs(final[0] - final[1]) / final[0] < 1e-4
 
 
+@pytest.mark.slow
+def test_classification_with_the_sequence_split_follows_one_process(tmp_path):
+    """ListOps classification split over two processes: the pooled summary adds the shards' sums, every
+    process holds the class logits, and the 30 steps and the validation loss are those of one process."""
+    flags = ["--data", "listops:max_length=120:train=64:val=32:test=8", "--task", "classify", "--batch-size", "4"]
+    alone = train(tmp_path / "one", "tnn", 1, *flags)
+    split = train(tmp_path / "split", "tnn", 2, *flags, "--context-parallel", "2")
+    losses = [[record["loss"] for record in run if "split" not in record] for run in (alone, split)]
+    assert len(losses[0]) == 30 and max(abs(a - b) / abs(a) for a, b in zip(*losses, strict=True)) < 1e-4
+    assert abs(alone[-1]["loss"] - split[-1]["loss"]) / alone[-1]["loss"] < 1e-4
+
+
 def test_context_parallel_without_torchrun_says_how_to_start_it(tmp_path):
     from tokenmix.train.config import TrainConfig
     from tokenmix.train.loop import Trainer
@@ -136,7 +162,6 @@ def test_context_parallel_without_torchrun_says_how_to_start_it(tmp_path):
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"task": "classify", "data": "listops"}, "context_parallel splits the tokens of token-level tasks"),
         ({"seq_len": 3, "context_parallel": 4}, "seq_len=3 gives fewer tokens than the 4 processes"),
     ],
 )

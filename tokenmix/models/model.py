@@ -51,9 +51,12 @@ def check_tokens(tokens: torch.Tensor, vocab_size: int, mask: torch.Tensor | Non
 
 class PartRun(Protocol):
     """How the blocks run on a part of the sequence (``tokenmix.parallel.ContextRun``): ``local`` takes
-    the part of a (batch, length) tensor, ``run(part, h)`` runs a part that mixes tokens."""
+    the part of a (batch, length) tensor, ``run(part, h)`` runs a part that mixes tokens, ``pool``
+    gives ``pool_hidden`` of the whole sequence from the part's hidden states."""
 
     def local(self, t: torch.Tensor | None) -> torch.Tensor | None: ...
+
+    def pool(self, h: torch.Tensor, how: str) -> torch.Tensor: ...
 
     def __call__(self, part: nn.Module, h): ...
 
@@ -67,20 +70,21 @@ class ModelState(StreamState):
     model: str
 
 
+def pooling_weights(mask: torch.Tensor | None, shape: tuple[int, int], how: str, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """(batch, length) weights whose sum of hidden states pools them (``pool_hidden``): 1 / count on the
+    real tokens (mean), or 1 on the first or last real token."""
+    real = torch.ones(shape, dtype=torch.bool, device=device) if mask is None else mask
+    if how == "mean":
+        weights = real.to(dtype)
+        return weights / weights.sum(dim=1, keepdim=True).clamp_min(1.0)
+    index = real.int().argmax(dim=1) if how == "first" else shape[1] - 1 - real.flip(1).int().argmax(dim=1)
+    return torch.nn.functional.one_hot(index, shape[1]).to(dtype)
+
+
 def pool_hidden(h: torch.Tensor, mask: torch.Tensor | None, how: str) -> torch.Tensor:
     """(batch, dim) summary of hidden states (batch, length, dim) over real tokens: their mean, or the
     first or last one."""
-    if how in ("first", "last"):
-        real = torch.ones(h.shape[:2], dtype=torch.bool, device=h.device) if mask is None else mask
-        if how == "first":
-            index = real.int().argmax(dim=1)
-        else:
-            index = h.shape[1] - 1 - real.flip(1).int().argmax(dim=1)
-        return h[torch.arange(h.shape[0], device=h.device), index]
-    if mask is None:
-        return h.mean(dim=1)
-    weights = mask.to(h.dtype)[..., None]
-    return (h * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)
+    return torch.einsum("bn,bnd->bd", pooling_weights(mask, h.shape[:2], how, h.dtype, h.device), h)
 
 
 def _classifier(config: ModelConfig) -> nn.Module:
@@ -191,9 +195,9 @@ class SequenceModel(nn.Module):
         """Logits; with ``state`` or ``return_state=True``, the stream's next logits and the state after them;
         with ``run``, the logits of its part of the sequence (``hidden_states``)."""
         if self.classifier is not None:
-            if state is not None or return_state or run is not None:
-                raise ValueError("only causal language models stream; a classifier reads whole examples (state=None, run=None)")
-            return self.classify(tokens, mask)
+            if state is not None or return_state:
+                raise ValueError("only causal language models stream; a classifier reads whole examples (state=None)")
+            return self.classify(tokens, mask, run)
         if state is None and return_state:
             check_tokens(tokens, self.config.vocab_size, mask)
             state = self.init_state(tokens.shape[0], device=tokens.device)
@@ -201,8 +205,9 @@ class SequenceModel(nn.Module):
         logits = self.token_logits(h)
         return (logits, next_state) if return_state else logits
 
-    def classify(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Class logits (batch, num_classes) of tokens (batch, length), or (batch, 2, length) for the dual encoder."""
+    def classify(self, tokens: torch.Tensor, mask: torch.Tensor | None = None, run: PartRun | None = None) -> torch.Tensor:
+        """Class logits (batch, num_classes) of tokens (batch, length), or (batch, 2, length) for the dual
+        encoder; with ``run``, pooled over the parts of the sequence (``run.pool``)."""
         documents = self.config.documents
         if documents > 1:
             if not isinstance(tokens, torch.Tensor) or tokens.dim() != 3 or tokens.shape[1] != documents:
@@ -210,8 +215,8 @@ class SequenceModel(nn.Module):
                 raise ValueError(f"tokens must be (batch, {documents}, length) for a model of documents={documents}, got {shape}")
             check_mask(mask, tuple(tokens.shape))
             tokens, mask = tokens.flatten(0, 1), None if mask is None else mask.flatten(0, 1)
-        h, _ = self.hidden_states(tokens, mask)
-        pooled = pool_hidden(h, mask, self.config.pool)
+        h, _ = self.hidden_states(tokens, mask, run=run)
+        pooled = pool_hidden(h, mask, self.config.pool) if run is None else run.pool(h, self.config.pool)
         if documents > 1:
             u, v = pooled.view(-1, documents, pooled.shape[-1]).unbind(1)
             pooled = torch.cat([u, v, u * v, u - v], dim=-1)

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..mixers.base import zero_padding
-from ..models.model import SequenceModel, check_tokens
+from ..models.model import SequenceModel, pooling_weights
 from .exchange import exchange
 from .shards import ContextShard, shard_bounds
 
@@ -48,12 +48,20 @@ class ContextRun:
     padding mask is ``mask`` (None: every token real)."""
 
     def __init__(self, shard: ContextShard, mask: torch.Tensor | None):
-        self.shard, self.mask = shard, mask
+        self.shard, self.mask = shard, None if mask is None else mask.flatten(0, -2)  # the dual encoder's documents are rows
         self.strategies = {"body": self.body, "halo": self.halo, "channels": self.channels, "heads": self.heads}
 
     def local(self, t: torch.Tensor | None) -> torch.Tensor | None:
         """This shard's positions of a (batch, length) tensor."""
         return None if t is None else t[:, self.shard.start : self.shard.stop]
+
+    def pool(self, h: torch.Tensor, how: str) -> torch.Tensor:
+        """``pool_hidden`` of the whole sequence: this shard's weighted sum of its hidden states (batch, n, dim),
+        the sums of every shard added (each process sends its sum to every other; all add them in rank order)."""
+        shard = self.shard
+        weights = self.local(pooling_weights(self.mask, (h.shape[0], shard.length), how, h.dtype, h.device))
+        partial = torch.einsum("bn,bnd->bd", weights, h)
+        return torch.stack(exchange([partial] * shard.size, [partial.shape] * shard.size, shard.group)).sum(dim=0)
 
     def mask_of(self, begin: int, end: int) -> torch.Tensor | None:
         return None if self.mask is None else self.mask[:, begin:end]
@@ -125,18 +133,18 @@ def split_problems(part, processes: int) -> list[str]:
 
 def context_parallel_problems(model: SequenceModel, processes: int) -> list[str]:
     """Why ``model`` cannot run with its sequences split over ``processes`` processes (empty: it can)."""
-    if model.classifier is not None:
-        return [f"model {model.config.name!r} has task 'classify': context parallelism splits token-level tasks (lm, mlm) only"]
     problems = [problem for block in model.blocks for problem in split_problems(block, processes)]
     return [f"model {model.config.name!r}: {problem}" for problem in dict.fromkeys(problems)]
 
 
 def context_parallel_logits(model: SequenceModel, tokens: torch.Tensor, mask: torch.Tensor | None, shard: ContextShard) -> torch.Tensor:
     """Logits (batch, stop - start, vocab) at this process's shard of ``tokens`` (batch, length), the
-    whole batch (every process of ``shard.group`` passes the same tokens and mask)."""
-    check_tokens(tokens, model.config.vocab_size, mask)
-    if tokens.shape[1] != shard.length:
-        raise ValueError(f"tokens have length {tokens.shape[1]}, but the shard was made for sequences of {shard.length}")
+    whole batch (every process of ``shard.group`` passes the same tokens and mask); a classifier's
+    (batch, num_classes), the same on every process (tokens (batch, 2, length) for the dual encoder)."""
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() < 2:
+        raise ValueError(f"tokens must be a (batch, length) tensor, got {getattr(tokens, 'shape', type(tokens).__name__)}")
+    if tokens.shape[-1] != shard.length:
+        raise ValueError(f"tokens have length {tokens.shape[-1]}, but the shard was made for sequences of {shard.length}")
     if shard.length < shard.size:
         raise ValueError(f"sequences of {shard.length} tokens cannot be split over {shard.size} processes: give each at least one token")
     return model(tokens, mask, run=ContextRun(shard, mask))
@@ -157,4 +165,4 @@ class ContextParallel(nn.Module):
         return ContextShard(self.group, self.rank, self.size, length)
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        return context_parallel_logits(self.model, tokens, mask, self.shard(tokens.shape[1]))
+        return context_parallel_logits(self.model, tokens, mask, self.shard(tokens.shape[-1]))

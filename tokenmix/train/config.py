@@ -123,8 +123,6 @@ class TrainConfig:
             )
         if self.init is not None and self.task == "lm":
             raise ValueError("init starts a run from a pretrained model's weights to fine-tune it on a task: use it with task 'classify'")
-        if self.context_parallel > 1 and self.task == "classify":
-            raise ValueError("context_parallel splits the tokens of token-level tasks (lm, mlm); a classifier pools whole examples")
         if self.seq_len < self.context_parallel:
             raise ValueError(f"seq_len={self.seq_len} gives fewer tokens than the {self.context_parallel} processes that would share them")
         if not isinstance(self.options, dict):

@@ -221,12 +221,13 @@ class Trainer(CheckpointedRun):
 
     def step_loss(self, module, inputs: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """The loss a step minimizes here: the batch's; with context parallelism over P processes, P times
-        this shard's share of it (DDP averages the gradients of every process: the P shares add up)."""
+        this process's term of it (``Objective.shard_loss``; DDP and FSDP average the gradients of every process:
+        the P terms add up)."""
         logits = module(inputs, mask)
         if self.split is None:
             return self.objective.loss(logits, targets)
-        shard = self.split.shard(inputs.shape[1])
-        return self.objective.shard_loss(logits, targets, shard.start, shard.stop) * shard.size
+        shard = self.split.shard(inputs.shape[-1])
+        return self.objective.shard_loss(logits, targets, shard) * shard.size
 
     def train_step(self) -> tuple[float, int]:
         """One optimizer step: (loss, averaged over the processes gives the step's; real tokens of this rank's batch)."""

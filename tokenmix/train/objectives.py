@@ -65,8 +65,10 @@ class Objective:
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(), ignore_index=-100)
 
-    def shard_loss(self, logits: torch.Tensor, targets: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-        return shard_cross_entropy(logits, targets, start, stop)
+    def shard_loss(self, logits: torch.Tensor, targets: torch.Tensor, shard) -> torch.Tensor:
+        """This process's term of the batch's loss under context parallelism (``shard``: its ContextShard):
+        the terms of the processes of a group add up to the loss. Here, the share its tokens carry."""
+        return shard_cross_entropy(logits, targets, shard.start, shard.stop)
 
     def evaluate(self, model, split: str, *, length: int, max_tokens: int | None = None, batch_size: int = EVAL_BATCH) -> dict:
         raise NotImplementedError  # pragma: no cover - abstract
@@ -144,6 +146,10 @@ class Classification(Objective):
         longest = int(train.lengths().max(dim=1).values.argmax())
         tokens, mask, labels = train.batch([longest], multiple=self.multiple)
         return tokens, labels, mask
+
+    def shard_loss(self, logits, targets, shard):
+        """Every process of the group holds the whole batch's class logits (pooled over the shards): a 1/P part of its loss."""
+        return self.loss(logits, targets) / shard.size
 
     def evaluate(self, model, split, *, length, max_tokens=None, batch_size=EVAL_BATCH):
         """Loss and accuracy over the split, with the majority-class accuracy beside them (the floor)."""
