@@ -152,17 +152,28 @@ def context_parallel_logits(model: SequenceModel, tokens: torch.Tensor, mask: to
 
 class ContextParallel(nn.Module):
     """``model`` run on this process's shard of every sequence: ``forward(tokens, mask)`` gives the logits
-    of tokens [start, stop) of ``shard(length)`` (the module DDP or FSDP wraps)."""
+    of tokens [start, stop) of ``shard(length)`` (the module DDP or FSDP wraps). With ``gather``, every
+    process receives the logits of every position (what evaluation reads, as from the model itself):
+    the activations stay split, only the logits travel."""
 
-    def __init__(self, model: SequenceModel, group, rank: int, size: int):
+    def __init__(self, model: SequenceModel, group, rank: int, size: int, gather: bool = False):
         super().__init__()
         problems = context_parallel_problems(model, size)
         if problems:
             raise ValueError("; ".join(problems))
-        self.model, self.group, self.rank, self.size = model, group, rank, size
+        self.model, self.group, self.rank, self.size, self.gather = model, group, rank, size, gather
+
+    @property
+    def config(self):
+        return self.model.config
 
     def shard(self, length: int) -> ContextShard:
         return ContextShard(self.group, self.rank, self.size, length)
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        return context_parallel_logits(self.model, tokens, mask, self.shard(tokens.shape[-1]))
+        shard = self.shard(tokens.shape[-1])
+        logits = context_parallel_logits(self.model, tokens, mask, shard)
+        if not self.gather or self.model.classifier is not None:  # class logits are whole on every process
+            return logits
+        shapes = [_resized(logits.shape, {1: stop - start}) for start, stop in shard.bounds]
+        return torch.cat(exchange([logits] * shard.size, shapes, shard.group), dim=1)

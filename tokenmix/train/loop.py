@@ -134,8 +134,11 @@ class Trainer(CheckpointedRun):
         self.model.to(self.device)
         self.model.activation_checkpointing = config.activation_checkpointing
         self.split: ContextParallel | None = None  # the model on this process's shard of each sequence
+        self.evaluated = self.model  # what evaluation runs: the model, or split as in training with every logit gathered
         if config.context_parallel > 1:
-            self.split = ContextParallel(self.model, self.context.context_group, self.context.context_rank, config.context_parallel)
+            group, rank, size = self.context.context_group, self.context.context_rank, config.context_parallel
+            self.split = ContextParallel(self.model, group, rank, size)
+            self.evaluated = ContextParallel(self.model, group, rank, size, gather=True)
         self.memory = estimate_training_memory(self.model, self._probe_loss, config.batch_size, self.device)
         if memory_check:
             check_memory_fits(self.memory, self.device)
@@ -261,7 +264,7 @@ class Trainer(CheckpointedRun):
         if self.last_evaluation is not None and self.last_evaluation[0] == key:
             return dict(self.last_evaluation[1])
         batch_size = min(EVAL_BATCH, self.config.batch_size)  # a batch that trains fits its forward pass
-        metrics = self.objective.evaluate(self.model, split, length=length, max_tokens=max_tokens, batch_size=batch_size)
+        metrics = self.objective.evaluate(self.evaluated, split, length=length, max_tokens=max_tokens, batch_size=batch_size)
         self.last_evaluation = (key, dict(metrics))
         return metrics
 
