@@ -19,7 +19,8 @@ from tokenmix.models.registry import list_models
 from tokenmix.train.checkpoint import load_checkpoint, model_from_checkpoint
 
 TRAIN = ["--dim", "16", "--depth", "2", "--seq-len", "64", "--batch-size", "2", "--eval-tokens", "1024", "--final-eval-tokens", "1024"]
-TRAIN += ["--threads", "1", "--schedule", "inverse_sqrt", "--warmup", "2", "--sample-tokens", "0", "-o", "rpe_dim=8"]
+TRAIN += ["--threads", "1", "--schedule", "inverse_sqrt", "--warmup", "2", "--sample-tokens", "0"]
+SMALL_TNN = ["-o", "rpe_dim=8"]  # the default model, tnn, made faster
 KILL_WORKER = Path(__file__).with_name("fsdp_kill_worker.py")
 ENVIRONMENT = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -31,7 +32,8 @@ def launch(processes: int, *arguments: str) -> subprocess.CompletedProcess:
 
 def train(out: Path, processes: int, *flags: str) -> dict:
     """``tokenmix train`` (under torchrun with ``processes`` > 1): {"steps": losses by step, "val": the final validation loss}."""
-    result = launch(processes, "-m", "tokenmix.cli", "train", "--out", str(out), *TRAIN, *flags)
+    model = [] if "--model" in flags else SMALL_TNN
+    result = launch(processes, "-m", "tokenmix.cli", "train", "--out", str(out), *TRAIN, *model, *flags)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return {
@@ -65,6 +67,14 @@ def test_fsdp_takes_the_steps_of_ddp(runs):
     """The same loss at each of 20 steps and the same validation loss: sharding is exact (float32 reductions in another order)."""
     assert len(runs["fsdp"]["steps"]) == 20
     assert_same_curve(runs["fsdp"], runs["ddp"], 1e-5)
+
+
+@pytest.mark.slow
+def test_fsdp_trains_a_segment_recurrent_model_as_ddp_does(tmp_path):
+    """Transformer-XL trains by ``step`` with its memory carried: FSDP gathers a block's weights for it too."""
+    flags = ["--model", "transformer_xl", "--seq-len", "32", "--steps", "6", "--eval-every", "6", "--save-every", "3"]
+    ddp = train(tmp_path / "ddp", 2, *flags)
+    assert_same_curve(train(tmp_path / "fsdp", 2, *flags, "--fsdp", "--activation-checkpointing"), ddp, 1e-5)
 
 
 @pytest.mark.slow
@@ -152,15 +162,18 @@ def test_activation_checkpointing_recomputes_the_same_gradients(name):
     model = tokenmix.build_model(name, task=task, vocab_size=20, dim=8, depth=2, dropout=0.1, **classes, **small_options(name))
     tokens = torch.randint(0, 20, (2, 19))
 
-    calls = []
-    model.blocks[0].register_forward_pre_hook(lambda *_: calls.append(1))
+    calls, block = [], model.blocks[0]
+    block.register_forward_pre_hook(lambda *_: calls.append(1))
+    step = block.step
+    block.step = lambda *inputs: (calls.append(1), step(*inputs))[1]  # how segment-recurrent models train
 
     def gradients(checkpointing: bool) -> dict:
         model.activation_checkpointing = checkpointing
         model.zero_grad()
         calls.clear()
         torch.manual_seed(1)
-        model(tokens).float().square().mean().backward()
+        logits = model(tokens, state=model.init_state(2), return_state=True)[0] if model.recurrent else model(tokens)
+        logits.float().square().mean().backward()
         assert len(calls) == (2 if checkpointing else 1)  # recomputed in the backward pass
         return {key: parameter.grad.clone() for key, parameter in model.named_parameters() if parameter.grad is not None}
 

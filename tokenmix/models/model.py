@@ -153,7 +153,7 @@ class SequenceModel(nn.Module):
             local = (lambda t: t) if run is None else run.local
             x, mask = self.embed(local(tokens)), local(mask)
             for block in self.blocks:
-                x = self._run_block(block, x, mask, run)
+                x = self._run_block(block, x, mask) if run is None else self._run_block(block, x, mask, run)
             return self.final_norm(x), None
         if run is not None:
             raise ValueError("a stream (state) runs the whole model in this process; give state or run, not both")
@@ -163,17 +163,16 @@ class SequenceModel(nn.Module):
             raise ValueError(f"state was made by another model; expected one from this {self.config.name!r} model's init_state")
         blocks = []
         for block, block_state in zip(self.blocks, state.blocks, strict=True):
-            x, block_state = block.step(x, block_state, mask)
+            x, block_state = self._run_block(block.step, x, block_state, mask)
             blocks.append(block_state)
         return self.final_norm(x), ModelState(blocks, state.position + tokens.shape[1], state.model)
 
-    def _run_block(self, block: nn.Module, x: torch.Tensor, mask: torch.Tensor | None, run: PartRun | None) -> torch.Tensor:
-        """``block`` on ``x``, through its ``__call__`` (where FSDP gathers its weights); with
-        ``activation_checkpointing`` its activations are recomputed in the backward pass, not kept."""
-        inputs = (x, mask) if run is None else (x, mask, run)
+    def _run_block(self, forward, *inputs):
+        """A block's ``forward`` (its ``__call__`` or ``step``, where FSDP gathers its weights) on ``inputs``;
+        with ``activation_checkpointing`` its activations are recomputed in the backward pass, not kept."""
         if self.activation_checkpointing and torch.is_grad_enabled():
-            return torch.utils.checkpoint.checkpoint(block, *inputs, use_reentrant=False)
-        return block(*inputs)
+            return torch.utils.checkpoint.checkpoint(forward, *inputs, use_reentrant=False)
+        return forward(*inputs)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """The blocks' input: token embeddings scaled by sqrt(dim), (batch, n, dim)."""

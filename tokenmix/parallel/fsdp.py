@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
 
 from ..models.model import SequenceModel
 
 
 def shard_model(model: SequenceModel, mesh) -> None:
-    """Shard ``model``'s parameters over the 1-D ``mesh`` in place: one unit per block, the root the rest."""
+    """Shard ``model``'s parameters over the 1-D ``mesh`` in place: one unit per block, the root the rest.
+    A block's ``step`` (segment-recurrent training) gathers its weights as its ``forward`` does."""
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
+        register_fsdp_forward_method(block, "step")
     fully_shard(model, mesh=mesh)
 
 
