@@ -58,13 +58,13 @@ def test_a_split_sequence_gives_the_numbers_of_one_process(split_runs, name):
             assert record["earlier_shards_moved"] < 1e-12, record
 
 
-SPLIT_MODELS = ["tnn", "fd_tnn", "ski_tnn", "mega", "tcnca", "tcnca_simple", "transformer"]
+SPLIT_MODELS = ["tnn", "fd_tnn", "ski_tnn", "tnn2d", "mega", "tcnca", "tcnca_simple", "transformer"]
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
 def test_the_papers_models_split(name):
     """The models of the four papers and their baselines split over 4 processes (the Transformer-XL family does not yet)."""
-    model = tokenmix.build_model(name, vocab_size=20, dim=16, depth=1)
+    model = tokenmix.build_model(name, task=model_spec(name).tasks[0], vocab_size=20, dim=16, depth=1)
     assert context_parallel_problems(model, 4) == []
 
 

@@ -81,12 +81,16 @@ class GridMixer(Mixer):
         return rows, columns
 
     def mix(self, x: torch.Tensor, mask: torch.Tensor | None, grid: list[int] | None = None) -> torch.Tensor:
+        return self.mix_channels(x, mask, slice(None), grid)
+
+    def mix_channels(self, x: torch.Tensor, mask: torch.Tensor | None, channels: slice, grid: list[int] | None = None) -> torch.Tensor:
+        """Channels ``channels`` of the output from x (batch, n, those channels): padded to the grid, mixed, cut to n."""
         n = x.shape[1]
         rows, columns = self.grid_for(n, grid)
-        return self.mix_grid(F.pad(x, (0, 0, 0, rows * columns - n)), (rows, columns))[:, :n]
+        return self.mix_grid(F.pad(x, (0, 0, 0, rows * columns - n)), (rows, columns), channels)[:, :n]
 
-    def mix_grid(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:  # pragma: no cover - abstract
-        """Mix x (batch, H * W, dim) on the grid (H, W)."""
+    def mix_grid(self, x: torch.Tensor, grid: tuple[int, int], channels: slice) -> torch.Tensor:  # pragma: no cover - abstract
+        """Mix x (batch, H * W, the channels ``channels``) on the grid (H, W)."""
         raise NotImplementedError
 
     def operator_matrix(self, grid: tuple[int, int], channels: slice = slice(None)) -> torch.Tensor:  # pragma: no cover
@@ -112,6 +116,7 @@ class Tno2d(GridMixer):
 
     options_type = Tno2dOptions
     fft_based = True
+    channel_slices = True  # a channel's kernel is its column of the RPE's output layer
 
     def __init__(self, dim: int, causal: bool = False, **options):
         super().__init__(dim, causal, **options)
@@ -131,17 +136,18 @@ class Tno2d(GridMixer):
         offsets = self.offsets(grid)
         return self.decay(offsets.abs().sum(-1))[..., None] * self.rpe(offsets)
 
-    def spectrum(self, grid: tuple[int, int], fft_shape: tuple[int, int]) -> torch.Tensor:
-        """rfft2 of the kernel at ``fft_shape``, (dim, N_H, N_W/2 + 1), through the factored form."""
+    def spectrum(self, grid: tuple[int, int], fft_shape: tuple[int, int], channels: slice = slice(None)) -> torch.Tensor:
+        """rfft2 of the kernel of ``channels`` at ``fft_shape``, (channels, N_H, N_W/2 + 1), through the factored form."""
         offsets = self.offsets(grid)
         decay = self.decay(offsets.abs().sum(-1))[..., None]
         basis = toeplitz2d_spectrum(torch.cat([decay * self.rpe.features(offsets), decay], dim=-1), fft_shape)
-        readout = torch.cat([self.rpe.output.weight.t(), self.rpe.output.bias[None]], dim=0)
+        readout = torch.cat([self.rpe.output.weight.t(), self.rpe.output.bias[None]], dim=0)[:, channels]
         return complex_readout(basis.flatten(1), readout).unflatten(1, basis.shape[1:])
 
-    def mix_grid(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    def mix_grid(self, x: torch.Tensor, grid: tuple[int, int], channels: slice) -> torch.Tensor:
         fft_shape = fft_grid(grid)
-        spectrum = self._cache.get(grid, lambda: self.spectrum(grid, fft_shape), weights=self)
+        key = (grid, channels.start, channels.stop)
+        spectrum = self._cache.get(key, lambda: self.spectrum(grid, fft_shape, channels), weights=self)
         return spectral_matvec2d(x, spectrum, grid, fft_shape)
 
     def operator_matrix(self, grid: tuple[int, int], channels: slice = slice(None)) -> torch.Tensor:
@@ -183,7 +189,9 @@ class Separable2d(GridMixer):
         self.rows = self.build_part("axis_mixer", dim, False)  # mixes each row: W tokens
         self.columns = self.build_part("axis_mixer", dim, False)  # mixes each column: H tokens
 
-    def mix_grid(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    def mix_grid(self, x: torch.Tensor, grid: tuple[int, int], channels: slice) -> torch.Tensor:
+        if channels != slice(None):
+            raise ValueError("separable2d mixes every channel at once (it has no channel_slices)")
         (rows, columns), batch, dim = grid, x.shape[0], self.dim
         y = self.rows(x.reshape(batch * rows, columns, dim)).reshape(batch, rows, columns, dim)
         y = self.columns(y.transpose(1, 2).reshape(batch * columns, rows, dim)).reshape(batch, columns, rows, dim)
