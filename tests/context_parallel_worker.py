@@ -28,11 +28,25 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
 
 
+# Models with a mixer other than their default, under a name of their own: (model, its options, their tasks).
+BIDIRECTIONAL = ("mlm", "classify")
+VARIANTS = {
+    "tnn+fnet": ("tnn", {"mixer": "fnet"}, BIDIRECTIONAL),
+    "tnn+fnet_sequence_only": ("tnn", {"mixer": "fnet", "mixer.sequence_only": True}, BIDIRECTIONAL),
+}
+
+
+def tasks_of(name: str) -> tuple[str, ...]:
+    """The tasks a registered model or a variant has."""
+    return VARIANTS[name][2] if name in VARIANTS else model_spec(name).tasks
+
+
 def compare(name: str, task: str, dtype: torch.dtype, shard_of) -> dict:
     torch.manual_seed(0)
     # classification pools the mean (first or last would leave some weights a gradient of rounding noise alone)
     head = {"num_classes": 3, "pool": "mean"} if task == "classify" else {}
-    model = tokenmix.build_model(name, task=task, vocab_size=20, dim=8, depth=2, dropout=0.0, **head, **small_options(name)).to(dtype)
+    name, options = VARIANTS[name][:2] if name in VARIANTS else (name, small_options(name))
+    model = tokenmix.build_model(name, task=task, vocab_size=20, dim=8, depth=2, dropout=0.0, **head, **options).to(dtype)
     processes = dist.get_world_size()
     problems = context_parallel_problems(model, processes)
     if problems:
@@ -100,8 +114,8 @@ def main(output: str) -> None:
         return ContextShard(group, rank, size, length)
 
     records = []
-    for name in tokenmix.list_models():
-        for task in [task for task in ("lm", "mlm", "classify") if task in model_spec(name).tasks]:
+    for name in [*tokenmix.list_models(), *VARIANTS]:
+        for task in [task for task in ("lm", "mlm", "classify") if task in tasks_of(name)]:
             for dtype in (torch.float64, torch.float32):
                 records.append({"model": name, "task": task, "dtype": str(dtype), **compare(name, task, dtype, shard_of)})
     if rank == 0:

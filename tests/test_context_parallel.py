@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from context_parallel_worker import VARIANTS, tasks_of  # VARIANTS: models with another mixer (bidirectional FNet)
 
 import tokenmix
 from tokenmix.models.config import POOLS
@@ -40,14 +41,14 @@ def split_runs(request, tmp_path_factory) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", tokenmix.list_models())
+@pytest.mark.parametrize("name", [*tokenmix.list_models(), *VARIANTS])
 def test_a_split_sequence_gives_the_numbers_of_one_process(split_runs, name):
     """Logits (classification: pooled over the shards), loss and every parameter's gradient (summed over
     the processes) equal one process's, at a length neither 2 nor 4 divides, with padding on both sides;
     the logits of every shard but the last stay put when the last shard's tokens change (causal models).
     A model that cannot split says why."""
     records = split_runs[name]
-    assert {record["task"] for record in records} == set(model_spec(name).tasks)
+    assert {record["task"] for record in records} == set(tasks_of(name))
     for record in records:
         if "problems" in record:
             assert record["problems"] and all(problem.startswith(f"model {name!r}: ") for problem in record["problems"])

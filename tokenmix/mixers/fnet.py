@@ -7,10 +7,11 @@ from dataclasses import dataclass
 import torch
 
 from ..fields import Flag, Integer, setting
+from ..ops.fft import spectral_dtype
 from ..ops.fourier import fnet_mixing, fourier_ar_mix
 from ..options import Options
 from ..state import StreamState
-from .base import Mixer
+from .base import Mixer, zero_padding
 from .registry import register_mixer
 
 
@@ -19,12 +20,33 @@ class FnetOptions(Options):
     sequence_only: bool = setting(False, Flag(), "Re(FFT) over the sequence only, instead of over sequence and hidden dimensions")
 
 
+class SequenceFourier:
+    """FNet's FFT over the sequence, channel by channel (each on its own: ``mix_channels``): Re(FFT) of
+    channels [0, real) and -Im(FFT) of the rest. For x = [Re z, Im z] of a complex z (batch, n, d) and
+    real = d, the two halves of the output add up to Re(FFT z), as Re(F (a + ib)) = Re(F a) - Im(F b)."""
+
+    sequence_split = "channels"
+
+    def __init__(self, dim: int, real: int):
+        self.dim, self.real = dim, real
+
+    def mix_channels(self, x: torch.Tensor, mask: torch.Tensor | None, channels: slice) -> torch.Tensor:
+        low, high, _ = channels.indices(self.dim)
+        spectrum = torch.fft.fft(x.to(spectral_dtype(x.dtype)), dim=1)
+        count = min(max(self.real - low, 0), high - low)  # of these channels, the real ones
+        return torch.cat([spectrum[..., :count].real, -spectrum[..., count:].imag], dim=-1).to(x.dtype)
+
+
 @register_mixer("fnet")
 class Fnet(Mixer):
     """Re(FFT) over sequence and hidden dims (FNet); ``sequence_only=True`` skips the hidden FFT.
 
-    Bidirectional only: every output depends on every input.
+    Bidirectional only: every output depends on every input. Split over processes (``body``), the FFT
+    over the hidden dim is token-wise and the one over the sequence mixes each channel on its own
+    (``SequenceFourier``, split by channels): the 2-D FFT in two steps.
     """
+
+    sequence_split = "body"
 
     options_type = FnetOptions
     fft_based = True
@@ -35,9 +57,22 @@ class Fnet(Mixer):
             raise ValueError("fnet mixes the whole sequence and cannot be causal; use fnet_ar for causal mixing")
         super().__init__(dim, causal, **options)
         self.sequence_only = self.options.sequence_only
+        self.sequence_fourier = SequenceFourier(dim, dim) if self.sequence_only else SequenceFourier(2 * dim, dim)
 
     def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         return fnet_mixing(x, self.sequence_only)
+
+    def stream_parts(self) -> list:
+        return [self.sequence_fourier]
+
+    def body(self, x: torch.Tensor, mask: torch.Tensor | None, run) -> torch.Tensor:
+        """``mix`` with the FFT over the sequence run by ``run`` (context parallelism: over channel shards)."""
+        x = zero_padding(x, mask)
+        if self.sequence_only:
+            return run(self.sequence_fourier, x)
+        z = torch.fft.fft(x.to(spectral_dtype(x.dtype)), dim=-1)
+        y = run(self.sequence_fourier, torch.cat([z.real, z.imag], dim=-1).to(x.dtype))
+        return y[..., : self.dim] + y[..., self.dim :]
 
 
 @dataclass
