@@ -32,5 +32,5 @@ def local_part(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def full_state_dict(model: SequenceModel) -> dict[str, torch.Tensor]:
-    """Every weight of ``model``, whole and on the CPU (all processes call it; each receives it)."""
+    """Every weight of ``model``, whole and on the CPU (all processes call it; the first receives it, the others nothing)."""
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

@@ -147,11 +147,11 @@ class CheckpointedRun:
                 f"the weights became non-finite at step {self.step}; the last good checkpoint in {str(self.out)!r} is kept"
             )
         segment_states = self.context.gather_objects(None if self.segment_state is None else self.segment_state.to("cpu").to_plain())
-        state = {**self.state(), "segment_states": segment_states}
-        if self.config.fsdp:
-            state[SHARDS_KEY], state["optimizer"] = save_shards(
-                self.out, self.step, self.model, self.optimizer, self.context.is_main, self.context.barrier
-            )
+        if self.config.fsdp:  # every process writes its shards first
+            shards, settings = save_shards(self.out, self.step, self.model, self.optimizer, self.context.is_main, self.context.barrier)
         if self.context.is_main:
+            state = {**self.state(), "segment_states": segment_states}
+            if self.config.fsdp:
+                state[SHARDS_KEY], state["optimizer"] = shards, settings
             save_checkpoint(self.out / CHECKPOINT_FILE, state)
             remove_unused_shards(self.out, state.get(SHARDS_KEY))

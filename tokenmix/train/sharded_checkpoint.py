@@ -47,12 +47,11 @@ def _tensors_and_settings(model, optimizer) -> tuple[dict[str, torch.Tensor], di
     """The model's and the optimizer's state by parameter name: (their tensors, prefixed; the optimizer's other entries)."""
     tensors = {MODEL + key: value for key, value in get_model_state_dict(model).items()}
     settings = {}
-    if optimizer is not None:
-        for key, value in get_optimizer_state_dict(model, optimizer, options=FLAT).items():
-            if isinstance(value, torch.Tensor):
-                tensors[OPTIMIZER + key] = value
-            else:
-                settings[key] = value
+    for key, value in get_optimizer_state_dict(model, optimizer, options=FLAT).items():
+        if isinstance(value, torch.Tensor):
+            tensors[OPTIMIZER + key] = value
+        else:
+            settings[key] = value
     return tensors, settings
 
 
