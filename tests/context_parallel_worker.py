@@ -10,18 +10,19 @@ import torch
 import torch.distributed as dist
 
 import tokenmix
+from tokenmix.mixers.parts import leaf_names
 from tokenmix.models.registry import model_spec
 from tokenmix.parallel import ContextShard, context_parallel_logits, context_parallel_problems
 
 LENGTH = 23  # divisible by neither 2 nor 4
 SMALL = {"chunk_size": 5, "z_dim": 4, "rpe_dim": 8, "rpe_layers": 1, "kernel_size": 3, "rank": 6, "filter_size": 5}
+SMALL |= {"memory_length": 30, "fourier.window": 8}  # XL: a memory longer than a segment, shorter than two (FNetAR: its DFT window)
 
 
 def small_options(name: str) -> dict:
     """Options of ``name`` small enough to run fast, with chunks and receptive fields across shard boundaries."""
-    accepted = set(tokenmix.models.registry.resolve_model_options(name, {}, 8, 2)) | {"mixer"}
-    names = {key for key in accepted}
-    return {key: value for key, value in SMALL.items() if key in names or f"attention.{key}" in names}
+    accepted = set(leaf_names(tokenmix.models.registry.resolve_model_options(name, {}, 8, 2)))
+    return {key: value for key, value in SMALL.items() if key in accepted}
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -33,6 +34,10 @@ BIDIRECTIONAL = ("mlm", "classify")
 VARIANTS = {
     "tnn+fnet": ("tnn", {"mixer": "fnet"}, BIDIRECTIONAL),
     "tnn+fnet_sequence_only": ("tnn", {"mixer": "fnet", "mixer.sequence_only": True}, BIDIRECTIONAL),
+    # heads that 2 and 4 processes cannot share: ring attention (rotary, learned bias; MEGA's one head, value width 2 z)
+    "transformer+one_head": ("transformer", {"heads": 1}, model_spec("transformer").tasks),
+    "transformer+one_head_bias": ("transformer", {"heads": 1, "position": "bias"}, model_spec("transformer").tasks),
+    "mega+full_attention": ("mega", {"chunk_size": None, "z_dim": 4}, model_spec("mega").tasks),
 }
 
 
@@ -98,11 +103,45 @@ def compare(name: str, task: str, dtype: torch.dtype, shard_of) -> dict:
             moved = context_parallel_logits(model, changed, mask, shard)
             again = context_parallel_logits(model, tokens, mask, shard)
         errors["earlier_shards_moved"] = float((moved - again).abs().max()) if shard.rank < shard.size - 1 else 0.0
+    if model.recurrent:
+        errors |= stream_errors(model, tokens, targets, shard)
     for key, value in errors.items():
         value = torch.tensor(value, dtype=torch.float64)
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         errors[key] = float(value)
     return {**errors, "worst_gradient": worst}
+
+
+def stream_errors(model, tokens: torch.Tensor, targets: torch.Tensor, shard: ContextShard) -> dict:
+    """A segment-recurrent model (Transformer-XL) streams two segments, memory carried: the second
+    segment's logits, loss and gradients and every layer's memory after it, split against one process."""
+    model = model.with_options(segment_length=LENGTH)
+    segments = (tokens.flip(-1), tokens)
+
+    def second_segment(forward):
+        with torch.no_grad():
+            _, state = forward(segments[0], model.init_state(tokens.shape[0]))
+        return forward(segments[1], state)
+
+    logits, after = second_segment(lambda x, state: model(x, state=state, return_state=True))
+    total = targets.numel()
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum").div(total).backward()
+    expected = {key: parameter.grad.clone() for key, parameter in model.named_parameters()}
+    model.zero_grad()
+    local, split_after = second_segment(lambda x, state: context_parallel_logits(model, x, None, shard, state, True))
+    span = slice(shard.start, shard.stop)
+    torch.nn.functional.cross_entropy(local.flatten(0, 1), targets[:, span].flatten(), reduction="sum").div(total).backward()
+    gradient_errors = []
+    for key, parameter in model.named_parameters():
+        dist.all_reduce(parameter.grad)
+        gradient_errors.append(relative_error(parameter.grad, expected[key]))
+    memories = [relative_error(split.memory, whole.memory) for split, whole in zip(split_after.blocks, after.blocks, strict=True)]
+    return {
+        "stream_logits": relative_error(local.detach(), logits[:, span].detach()),
+        "stream_gradients": max(gradient_errors),
+        "stream_memory": max(memories),
+        "stream_memory_length": min(block.memory.shape[1] for block in split_after.blocks),
+    }
 
 
 def main(output: str) -> None:

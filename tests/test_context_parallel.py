@@ -45,8 +45,9 @@ def split_runs(request, tmp_path_factory) -> dict:
 def test_a_split_sequence_gives_the_numbers_of_one_process(split_runs, name):
     """Logits (classification: pooled over the shards), loss and every parameter's gradient (summed over
     the processes) equal one process's, at a length neither 2 nor 4 divides, with padding on both sides;
-    the logits of every shard but the last stay put when the last shard's tokens change (causal models).
-    A model that cannot split says why."""
+    the logits of every shard but the last stay put when the last shard's tokens change (causal models);
+    segment-recurrent models continue a stream: the second segment's logits and gradients and every
+    layer's memory after it. A model that cannot split says why."""
     records = split_runs[name]
     assert {record["task"] for record in records} == set(tasks_of(name))
     for record in records:
@@ -55,16 +56,19 @@ def test_a_split_sequence_gives_the_numbers_of_one_process(split_runs, name):
             continue
         tolerance = TOLERANCE[record["dtype"]]
         assert max(record["logits"], record["loss"], record["gradients"]) < tolerance, record
+        if "stream_logits" in record:  # Transformer-XL: a second segment over the first's memory
+            assert max(record["stream_logits"], record["stream_gradients"], record["stream_memory"]) < tolerance, record
+            assert record["stream_memory_length"] == 30, record  # memory_length: the second segment's end, then the first's
         if record["task"] == "lm" and record["dtype"] == "torch.float64":
             assert record["earlier_shards_moved"] < 1e-12, record
 
 
-SPLIT_MODELS = ["tnn", "fd_tnn", "ski_tnn", "tnn2d", "mega", "tcnca", "tcnca_simple", "transformer"]
+SPLIT_MODELS = ["tnn", "fd_tnn", "ski_tnn", "tnn2d", "mega", "tcnca", "tcnca_simple", "transformer", "transformer_xl", "fnet_ar_xl"]
 
 
 @pytest.mark.parametrize("name", SPLIT_MODELS)
 def test_the_papers_models_split(name):
-    """The models of the four papers and their baselines split over 4 processes (the Transformer-XL family does not yet)."""
+    """The models of the four papers and their baselines split over 4 processes."""
     model = tokenmix.build_model(name, task=model_spec(name).tasks[0], vocab_size=20, dim=16, depth=1)
     assert context_parallel_problems(model, 4) == []
 
@@ -80,13 +84,11 @@ def test_shards_are_contiguous_and_balanced():
 
 
 def test_what_cannot_split_says_why_before_any_work():
-    xl = tokenmix.build_model("transformer_xl", vocab_size=20, dim=16, depth=1)
-    (problem,) = context_parallel_problems(xl, 2)
-    assert problem.startswith("model 'transformer_xl': XlBlock cannot split a sequence over processes")
+    separable = tokenmix.build_model("tnn", task="mlm", mixer="separable2d", vocab_size=20, dim=16, depth=1)
+    (problem,) = context_parallel_problems(separable, 2)
+    assert problem.startswith("model 'tnn': Separable2d cannot split a sequence over processes")
     one_head = tokenmix.build_model("transformer", vocab_size=20, dim=16, depth=1, heads=1)
-    assert context_parallel_problems(one_head, 2) == [
-        "model 'transformer': AttentionCore has 1 attention head(s), fewer than the 2 processes that would share them"
-    ]
+    assert context_parallel_problems(one_head, 2) == []  # ring attention
     dual_encoder = tokenmix.build_model("tnn", task="classify", num_classes=3, documents=2, vocab_size=20, dim=16, depth=1)
     assert context_parallel_problems(dual_encoder, 2) == []  # pooling adds the shards' sums
 
@@ -125,10 +127,11 @@ def train(out: Path, model: str, processes: int = 1, *flags: str) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["tnn", "fd_tnn", "ski_tnn", "tcnca", "transformer"])
+@pytest.mark.parametrize("name", ["tnn", "fd_tnn", "ski_tnn", "tcnca", "transformer", "transformer_xl"])
 def test_training_with_the_sequence_split_over_two_processes_follows_one_process(name, tmp_path):
     """``torchrun --nproc-per-node 2 ... train --context-parallel 2`` reads the batches of one process and
-    takes the same steps: every step's loss and the validation loss after 30 steps agree within 1e-4."""
+    takes the same steps: every step's loss and the validation loss after 30 steps agree within 1e-4
+    (Transformer-XL: one stream of segments, its memory carried from step to step)."""
     alone = train(tmp_path / "one", name)
     split = train(tmp_path / "split", name, 2, "--context-parallel", "2")
     losses = [[record["loss"] for record in run if "split" not in record] for run in (alone, split)]
@@ -178,7 +181,7 @@ def test_bad_context_parallel_settings_are_refused(settings, message):
     ("flags", "message"),
     [
         (["--context-parallel", "4"], "--context-parallel 4 must divide the 2 processes torchrun started"),
-        (["--model", "transformer_xl", "--context-parallel", "2"], "XlBlock cannot split a sequence over processes"),
+        (["--task", "mlm", "-o", "mixer=separable2d", "--context-parallel", "2"], "Separable2d cannot split a sequence over processes"),
     ],
 )
 def test_bad_context_parallel_runs_stop_before_any_work(flags, message, tmp_path):

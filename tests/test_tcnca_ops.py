@@ -4,10 +4,11 @@ import pytest
 import torch
 from conftest import LENGTHS, random_chunks, relative_error
 
-from tokenmix.ops.attention import chunk_mask, chunked_attention, naive_attention, rotary
+from tokenmix.ops.attention import attention_block, chunk_mask, chunked_attention, merge_blocks, naive_attention, rotary
 from tokenmix.ops.dilated import causal_dilated_chunk, dilated_conv, naive_dilated_conv
 from tokenmix.ops.ema import ema_chunk, ema_kernel, naive_ema
 from tokenmix.ops.toeplitz import toeplitz_matvec
+from tokenmix.parallel.shards import shard_bounds
 
 
 def _gradients_agree(fast, slow, inputs, tolerance):
@@ -175,6 +176,52 @@ def test_bidirectional_attention_with_a_key_mask_keeps_no_score_matrix(chunk_siz
     key_mask = torch.arange(n)[None, :] < torch.tensor([[n], [n - 100]])
     kept = saved_tensor_bytes(lambda: chunked_attention(q, k, v, chunk_size, False, key_mask).sum(), set())
     assert kept < 40 * q.numel() * q.element_size()  # q, k, v, the output and the key mask, a few times over
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_attention_added_up_block_by_block_is_full_attention(n, causal, with_bias):
+    """Ring attention's arithmetic (``attention_block``, ``merge_blocks``): full attention over 4 key blocks
+    of any size (empty ones where n < 4), each attended alone and added up in the order the ring brings
+    them, equals full attention, forward and gradients, with padding (a sequence of padding alone too)
+    and a learned bias. Queries are a middle block of positions, as a shard's."""
+    torch.manual_seed(n)
+    q, k = (torch.randn(3, 2, n, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    v = torch.randn(3, 2, n, 5, dtype=torch.float64, requires_grad=True)
+    key_mask = torch.rand(3, n) < 0.7
+    key_mask[2] = False
+    table = torch.randn(2 * n - 1, dtype=torch.float64, requires_grad=True)
+
+    def bias(queries, keys):
+        return table[queries[:, None] - keys[None, :] + n - 1]
+
+    bias_function = bias if with_bias else None
+    positions = torch.arange(n)
+    whole = chunked_attention(q, k, v, None, causal, key_mask, bias_function)
+    blocks = shard_bounds(n, 4)
+    mine = 1 if n > 1 else 0
+    first, last = blocks[mine]
+    visible = key_mask if causal else key_mask | ~key_mask.any(dim=-1, keepdim=True)
+    merged = None
+    for index in [(mine - turn) % 4 for turn in range(4)]:
+        start, stop = blocks[index]
+        if stop == start or (causal and start >= last):
+            continue
+        block = attention_block(
+            q[:, :, first:last],
+            k[:, :, start:stop],
+            v[:, :, start:stop],
+            positions[first:last],
+            positions[start:stop],
+            visible[:, start:stop],
+            causal,
+            bias_function,
+        )
+        merged = block if merged is None else merge_blocks(merged, block)
+    want = whole[:, :, first:last]
+    assert relative_error(merged[0], want) < 1e-12 and torch.isfinite(merged[0]).all()
+    _gradients_agree(merged[0], want, [q, k, v, table] if with_bias else [q, k, v], 1e-10)
 
 
 def test_rotary_scores_depend_on_the_offset_only():

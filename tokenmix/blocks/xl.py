@@ -63,7 +63,7 @@ class XlBlock(Configurable, nn.Module):
 
     options_type = XlOptions
     recurrent = True
-    sequence_split = None  # context parallelism: not yet (its memory would pass from shard to shard)
+    sequence_split = "segments"  # context parallelism: each shard gathers the context it reads (``step`` with ``run``)
 
     @classmethod
     def parts(cls) -> list[Part]:
@@ -103,15 +103,19 @@ class XlBlock(Configurable, nn.Module):
         empty = torch.zeros(batch_size, 0, weight.shape[0], device=device, dtype=dtype)
         return XlState(empty, empty.clone(), torch.zeros(batch_size, 0, dtype=torch.bool, device=device), 0, segment_length)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """One segment without memory."""
-        return self.step(x, self._empty_state(x.shape[0], x.device, x.dtype, None), mask)[0]
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, run=None) -> torch.Tensor:
+        """One segment without memory (with ``run``: this process's shard of it)."""
+        length = None if run is None else run.shard.length
+        return self.step(x, self._empty_state(x.shape[0], x.device, x.dtype, length), mask, run)[0]
 
-    def step(self, x: torch.Tensor, state: XlState, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, XlState]:
-        """The next chunk x (batch, k, d) of the stream, split where segments end."""
+    def step(self, x: torch.Tensor, state: XlState, mask: torch.Tensor | None = None, run=None) -> tuple[torch.Tensor, XlState]:
+        """The next chunk x (batch, k, d) of the stream, split where segments end; with ``run`` (context
+        parallelism) x is this process's shard of one whole segment (``_split_segment_step``)."""
         check_sequence(x, self.ffn_norm.weight.shape[0], mask)
         check_state(state, XlState, x.shape[0], x.dtype, "this Transformer-XL block")
         real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask
+        if run is not None:
+            return self._split_segment_step(x, real, state, run)
         outputs, done = [], 0
         while done < x.shape[1]:
             room = x.shape[1] - done if state.segment_length is None else state.segment_length - state.segment.shape[1]
@@ -136,6 +140,32 @@ class XlBlock(Configurable, nn.Module):
             memory = torch.cat([memory, segment.detach()], dim=1)[:, max(0, memory.shape[1] + segment.shape[1] - self.memory_length) :]
             segment, segment_real = segment[:, :0].detach(), segment_real[:, :0]
         return y, XlState(memory, segment, segment_real, state.position + x.shape[1], state.segment_length)
+
+    def _split_segment_step(self, x: torch.Tensor, real: torch.Tensor, state: XlState, run) -> tuple[torch.Tensor, XlState]:
+        """This process's shard [start, stop) of a whole segment split over a context-parallel group: the
+        mixer reads [memory; segment[0, stop)], the normed inputs of earlier shards gathered from them (a
+        halo that reaches back to the segment's start: attention sees the whole segment before a token),
+        and every process builds the same next memory from the segment's last ``memory_length`` inputs."""
+        shard = run.shard
+        if state.segment.shape[1] or state.segment_length != shard.length:
+            raise ValueError(
+                f"a sequence split over processes runs whole segments: this stream's segments are {state.segment_length} "
+                f"tokens and {state.segment.shape[1]} of one are in hand, the split sequence {shard.length}"
+            )
+        normed = self.mixer_norm(x)
+        before, _ = run.span(normed, lambda start, stop, length: (0, stop))
+        context = torch.cat([self.mixer_norm(state.memory), before], dim=1)
+        prefix_real = run.mask_of(0, shard.stop)
+        prefix_real = torch.ones(x.shape[0], shard.stop, dtype=torch.bool, device=x.device) if prefix_real is None else prefix_real
+        remembered = torch.ones(x.shape[0], state.memory.shape[1], dtype=torch.bool, device=x.device)
+        key_mask = torch.cat([remembered, prefix_real], dim=1)
+        mixed = self.mixed_norm(self.mixer.mix_context(normed, context, key_mask, state.position + shard.start))
+        y = x + self.dropout(mixed)
+        y = y + self.dropout(self.ffn(self.ffn_norm(y)))
+        kept = min(self.memory_length, shard.length)
+        tail, _ = run.span(x.detach(), lambda start, stop, length: (length - kept, length))
+        memory = torch.cat([state.memory, tail], dim=1)[:, max(0, state.memory.shape[1] + kept - self.memory_length) :]
+        return y, XlState(memory, state.segment, state.segment_real, state.position + shard.length, state.segment_length)
 
 
 FOURIER_PLACEMENTS = ("alternating", "bottom", "top")

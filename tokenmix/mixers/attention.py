@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..fields import Choice, Integer, setting
-from ..ops.attention import AttentionCache, cached_attention, chunked_attention, empty_cache, rotary
+from ..ops.attention import AttentionCache, attention_block, cached_attention, chunked_attention, empty_cache, rotary
 from ..options import Options
 from ..validation import check_int
 from .base import PADDING_SIDES, Mixer, zero_padding
@@ -86,6 +86,23 @@ class AttentionCore:
         q, k, v = qkv
         q, k = self.position.rotate(q, k)
         return chunked_attention(q, k, v, self.chunk_size, self.causal, mask, self.position.bias_function())
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k of positions offset, offset + 1, ... placed there (rotary), else unchanged."""
+        return self.position.rotate(q, k, offset)
+
+    def attend_block(self, qkv, query_start: int, key_start: int, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Full attention's queries at positions query_start, ... over its keys at key_start, ... alone (q and k
+        ``rotate``d there): (out, lse) of ``ops.attention.attention_block``, a block of ring attention. ``mask``:
+        the whole sequence's (batch, length) padding mask; bidirectional, a sequence of padding alone sees
+        all of itself (as ``chunked_attention``)."""
+        q, k, v = qkv
+        queries = torch.arange(query_start, query_start + q.shape[-2], device=q.device)
+        keys = torch.arange(key_start, key_start + k.shape[-2], device=q.device)
+        visible = None if mask is None else mask[:, key_start : key_start + k.shape[-2]]
+        if visible is not None and not self.causal:
+            visible = visible | ~mask.any(dim=-1, keepdim=True)
+        return attention_block(q, k, v, queries, keys, visible, self.causal, self.position.bias_function())
 
     def init_state(self, batch_size: int, *, max_length: int | None = None, device=None, dtype=None) -> AttentionCache:
         """An empty cache (``max_length`` unused: the cache grows, or empties at every chunk)."""

@@ -117,7 +117,8 @@ class Mixer(Configurable, nn.Module):
         - ``"halo"``: a finite ``reach``; each shard reads the inputs ``halo_span`` names from its neighbours;
         - ``"channels"``: ``channel_slices``; exchanged from sequence shards to channel shards
           (all-to-all), each process mixes whole sequences of dim / P channels (``mix_channels``);
-        - ``"heads"``: attention with independent heads, exchanged to head shards (all-to-all, Ulysses);
+        - ``"heads"``: attention with independent heads, exchanged to head shards (all-to-all, Ulysses),
+          or, where P does not divide the heads, ring attention (the core's ``rotate``, ``attend_block``);
         - ``"body"``: token-wise around parts that split their own way (full attention: its heads);
         - None: it cannot be split.
         """

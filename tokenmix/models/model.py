@@ -52,9 +52,17 @@ def check_tokens(tokens: torch.Tensor, vocab_size: int, mask: torch.Tensor | Non
 class PartRun(Protocol):
     """How the blocks run on a part of the sequence (``tokenmix.parallel.ContextRun``): ``local`` takes
     the part of a (batch, length) tensor, ``run(part, h)`` runs a part that mixes tokens, ``pool``
-    gives ``pool_hidden`` of the whole sequence from the part's hidden states."""
+    gives ``pool_hidden`` of the whole sequence from the part's hidden states; a segment-recurrent
+    block reads its ``shard``, the padding ``mask_of`` positions, and gathers the ``span`` of positions
+    its context needs."""
+
+    shard: object  # a ``tokenmix.parallel.ContextShard``: start, stop, length
 
     def local(self, t: torch.Tensor | None) -> torch.Tensor | None: ...
+
+    def mask_of(self, begin: int, end: int) -> torch.Tensor | None: ...
+
+    def span(self, x: torch.Tensor, span_of, axis: int = 1) -> tuple[torch.Tensor, tuple[int, int]]: ...
 
     def pool(self, h: torch.Tensor, how: str) -> torch.Tensor: ...
 
@@ -146,24 +154,26 @@ class SequenceModel(nn.Module):
         """Final-norm hidden states (batch, n, dim); with a state, the stream continued and the next state.
 
         ``run``: the blocks run on ``run.local``'s part of the sequence only, each calling ``run`` where a
-        part mixes tokens (``tokenmix.parallel.ContextRun``: this process's shard, the rest exchanged).
+        part mixes tokens (``tokenmix.parallel.ContextRun``: this process's shard, the rest exchanged);
+        with a state too (segment-recurrent models only), the blocks' ``step`` continues the stream by
+        this part of a whole segment.
         """
         check_tokens(tokens, self.config.vocab_size, mask)
+        local = (lambda t: t) if run is None else run.local
+        parts = () if run is None else (run,)
+        x = self.embed(local(tokens))
         if state is None:
-            local = (lambda t: t) if run is None else run.local
-            x, mask = self.embed(local(tokens)), local(mask)
             for block in self.blocks:
-                x = self._run_block(block, x, mask) if run is None else self._run_block(block, x, mask, run)
+                x = self._run_block(block, x, local(mask), *parts)
             return self.final_norm(x), None
-        if run is not None:
-            raise ValueError("a stream (state) runs the whole model in this process; give state or run, not both")
-        x = self.embed(tokens)
+        if run is not None and not self.recurrent:
+            raise ValueError("a stream (state) of this model runs in one process: only segment-recurrent models split a stream")
         check_state(state, ModelState, None, None, f"model {self.config.name!r}")  # the blocks' parts check batch and dtype
         if state.model != self.signature:
             raise ValueError(f"state was made by another model; expected one from this {self.config.name!r} model's init_state")
         blocks = []
         for block, block_state in zip(self.blocks, state.blocks, strict=True):
-            x, block_state = self._run_block(block.step, x, block_state, mask)
+            x, block_state = self._run_block(block.step, x, block_state, local(mask), *parts)
             blocks.append(block_state)
         return self.final_norm(x), ModelState(blocks, state.position + tokens.shape[1], state.model)
 

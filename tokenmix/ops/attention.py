@@ -145,6 +145,45 @@ def _biased_attention(q, k, v, allowed: torch.Tensor | None, bias: RelativeBias,
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-2)
 
 
+def attention_block(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    visible: torch.Tensor | None,
+    causal: bool,
+    bias: RelativeBias | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full attention's queries at positions ``queries`` over one block of its keys, at ``keys``: (out, lse),
+    out = softmax(s) v over the block's allowed keys and lse = log sum exp s, the block's share of the
+    softmax's normaliser (``merge_blocks`` adds blocks up: ring attention's blockwise softmax, Liu et al.
+    2023, arXiv 2310.01889, §3).
+
+    q (batch, heads, nq, e) and k (batch, heads, nk, e) arrive rotated to their positions; ``visible``
+    (batch, nk) marks keys a query may see (None: all); causal, a query also sees itself and nothing
+    later, as ``chunked_attention``. Disallowed scores are the dtype's lowest finite value, not -inf:
+    a query the block shows nothing has lse ~ that value, so merging gives the block weight exactly 0
+    and no NaN reaches a gradient."""
+    scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    if bias is not None:
+        scores = scores + bias(queries, keys).to(scores.dtype)
+    allowed = torch.ones(q.shape[0], 1, 1, k.shape[-2], dtype=torch.bool, device=q.device) if visible is None else visible[:, None, None]
+    if causal:
+        allowed = (allowed | (keys[None, :] == queries[:, None])) & (keys[None, :] <= queries[:, None])
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    lse = scores.logsumexp(dim=-1)
+    return torch.exp(scores - lse[..., None]) @ v, lse
+
+
+def merge_blocks(first: tuple[torch.Tensor, torch.Tensor], second: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two blocks' (out, lse) over disjoint keys -> those of their union: lse = log(e^lse1 + e^lse2),
+    out = out1 e^(lse1 - lse) + out2 e^(lse2 - lse)."""
+    (out1, lse1), (out2, lse2) = first, second
+    lse = torch.logaddexp(lse1, lse2)
+    return out1 * torch.exp(lse1 - lse)[..., None] + out2 * torch.exp(lse2 - lse)[..., None], lse
+
+
 def _fold_blocks(x: torch.Tensor) -> torch.Tensor:
     """(batch, heads, blocks, c, e) -> (batch * blocks, heads, c, e): the 4-D layout the fused kernels take."""
     return x.transpose(1, 2).flatten(0, 1)

@@ -11,7 +11,8 @@ way it declares (``Mixer.sequence_split``), exactly (the numbers of one process,
   of its dim / P channels (``mix_channels``: kernels of those channels only) and an all-to-all
   returns them (as Savanna does for long convolutions, arXiv 2503.01868);
 - ``"heads"``: attention's q, k, v go to head shards, each process attends whole sequences of its
-  heads, and the outputs come back (DeepSpeed-Ulysses, arXiv 2309.14509);
+  heads, and the outputs come back (DeepSpeed-Ulysses, arXiv 2309.14509); heads that P does not
+  divide attend by ring attention (``ring.py``): keys and values pass from process to process;
 - ``"body"``: a block (or full attention) whose own work is token-wise: its body runs on the shard
   with this same ``run`` for its parts.
 
@@ -27,6 +28,7 @@ from torch import nn
 from ..mixers.base import zero_padding
 from ..models.model import SequenceModel, pooling_weights
 from .exchange import exchange
+from .ring import ring_attention
 from .shards import ContextShard, shard_bounds
 
 
@@ -76,7 +78,16 @@ class ContextRun:
         """Gather the inputs of ``part.halo_span``, run the part on them, keep the shard's outputs."""
         shard, axis = self.shard, part.sequence_axis
         x, widths = _packed(h)
-        spans = [part.halo_span(start, stop, shard.length) for start, stop in shard.bounds]
+        gathered, (begin, end) = self.span(x, part.halo_span, axis)
+        y = part(_unpacked(gathered, widths), self.mask_of(begin, end))
+        return y.narrow(axis, shard.start - begin, shard.stop - shard.start)
+
+    def span(self, x: torch.Tensor, span_of, axis: int = 1) -> tuple[torch.Tensor, tuple[int, int]]:
+        """(inputs, (begin, end)): the positions [begin, end) = ``span_of(start, stop, length)`` of the sequence
+        whose shard ``x`` holds along ``axis`` (every process asks for its own span), gathered from the
+        shards holding them in one exchange."""
+        shard = self.shard
+        spans = [span_of(start, stop, shard.length) for start, stop in shard.bounds]
         (begin, end), (start, stop) = spans[shard.rank], (shard.start, shard.stop)
 
         def overlap(span, bounds) -> tuple[int, int]:
@@ -88,9 +99,7 @@ class ContextRun:
         pieces = [x.narrow(axis, low - start, high - low) for low, high in sent]
         received = [overlap((begin, end), bounds) for bounds in shard.bounds]
         shapes = [_resized(x.shape, {axis: high - low}) for low, high in received]
-        gathered = torch.cat(exchange(pieces, shapes, shard.group), dim=axis)
-        y = part(_unpacked(gathered, widths), self.mask_of(begin, end))
-        return y.narrow(axis, start - begin, stop - start)
+        return torch.cat(exchange(pieces, shapes, shard.group), dim=axis), (begin, end)
 
     def channels(self, part, x: torch.Tensor) -> torch.Tensor:
         """Sequence shards -> channel shards, ``mix_channels`` over the whole length, and back."""
@@ -105,8 +114,11 @@ class ContextRun:
         return torch.cat(exchange([y[:, start:stop] for start, stop in shard.bounds], shapes, shard.group), dim=-1)
 
     def heads(self, part, qkv):
-        """Attention's (q, k, v) (batch, heads, n, width) to head shards, attended over the whole length, and back."""
+        """Attention's (q, k, v) (batch, heads, n, width) to head shards, attended over the whole length, and
+        back; heads the processes cannot share evenly attend by ``ring_attention`` instead."""
         shard = self.shard
+        if qkv[0].shape[1] % shard.size:
+            return ring_attention(part, qkv, shard, self.mask)
         x, widths = _packed(qkv)
         head_bounds = shard_bounds(x.shape[1], shard.size)
         low, high = head_bounds[shard.rank]
@@ -122,10 +134,10 @@ def split_problems(part, processes: int) -> list[str]:
     split, name = part.sequence_split, type(part).__name__
     if split is None:
         return [f"{name} cannot split a sequence over processes (no finite reach, no independent channels, no heads to split)"]
+    if split == "segments":  # a segment-recurrent block gathers the context it reads itself (``ContextRun.span``)
+        return []
     if split == "body":
         return [problem for inner in part.stream_parts() for problem in split_problems(inner, processes)]
-    if split == "heads" and part.heads < processes:
-        return [f"{name} has {part.heads} attention head(s), fewer than the {processes} processes that would share them"]
     if split == "channels" and part.dim < processes:
         return [f"{name} has {part.dim} channels, fewer than the {processes} processes that would share them"]
     return []
@@ -137,17 +149,21 @@ def context_parallel_problems(model: SequenceModel, processes: int) -> list[str]
     return [f"model {model.config.name!r}: {problem}" for problem in dict.fromkeys(problems)]
 
 
-def context_parallel_logits(model: SequenceModel, tokens: torch.Tensor, mask: torch.Tensor | None, shard: ContextShard) -> torch.Tensor:
+def context_parallel_logits(
+    model: SequenceModel, tokens: torch.Tensor, mask: torch.Tensor | None, shard: ContextShard, state=None, return_state: bool = False
+):
     """Logits (batch, stop - start, vocab) at this process's shard of ``tokens`` (batch, length), the
     whole batch (every process of ``shard.group`` passes the same tokens and mask); a classifier's
-    (batch, num_classes), the same on every process (tokens (batch, 2, length) for the dual encoder)."""
+    (batch, num_classes), the same on every process (tokens (batch, 2, length) for the dual encoder).
+    A segment-recurrent model (Transformer-XL) continues its stream ``state`` by the segment ``tokens``
+    (``return_state``: and returns the next state, the same on every process)."""
     if not isinstance(tokens, torch.Tensor) or tokens.dim() < 2:
         raise ValueError(f"tokens must be a (batch, length) tensor, got {getattr(tokens, 'shape', type(tokens).__name__)}")
     if tokens.shape[-1] != shard.length:
         raise ValueError(f"tokens have length {tokens.shape[-1]}, but the shard was made for sequences of {shard.length}")
     if shard.length < shard.size:
         raise ValueError(f"sequences of {shard.length} tokens cannot be split over {shard.size} processes: give each at least one token")
-    return model(tokens, mask, run=ContextRun(shard, mask))
+    return model(tokens, mask, state=state, return_state=return_state, run=ContextRun(shard, mask))
 
 
 class ContextParallel(nn.Module):
@@ -170,9 +186,11 @@ class ContextParallel(nn.Module):
     def shard(self, length: int) -> ContextShard:
         return ContextShard(self.group, self.rank, self.size, length)
 
-    def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None, *, state=None, return_state: bool = False):
+        if self.gather and (state is not None or return_state):
+            raise ValueError("a split stream's logits stay with their shards: gather=True reads whole sequences (state=None)")
         shard = self.shard(tokens.shape[-1])
-        logits = context_parallel_logits(self.model, tokens, mask, shard)
+        logits = context_parallel_logits(self.model, tokens, mask, shard, state, return_state)
         if not self.gather or self.model.classifier is not None:  # class logits are whole on every process
             return logits
         shapes = [_resized(logits.shape, {1: stop - start}) for start, stop in shard.bounds]

@@ -138,7 +138,8 @@ class Trainer(CheckpointedRun):
         if config.context_parallel > 1:
             group, rank, size = self.context.context_group, self.context.context_rank, config.context_parallel
             self.split = ContextParallel(self.model, group, rank, size)
-            self.evaluated = ContextParallel(self.model, group, rank, size, gather=True)
+            if not self.model.recurrent:  # Transformer-XL streams are evaluated whole in each process
+                self.evaluated = ContextParallel(self.model, group, rank, size, gather=True)
         self.memory = estimate_training_memory(self.model, self._probe_loss, config.batch_size, self.device)
         if memory_check:
             check_memory_fits(self.memory, self.device)
@@ -168,8 +169,8 @@ class Trainer(CheckpointedRun):
         self.segment_state: ModelState | None = None
         self.streams = None
         if self.model.recurrent:
-            rank, world = self.context.rank, self.context.world_size
-            self.streams = StreamBatches(self.data.train, config.batch_size, config.seq_len, rank, world)
+            rank, groups = self.context.data_rank, self.context.data_parallel_size  # a context group reads one stream
+            self.streams = StreamBatches(self.data.train, config.batch_size, config.seq_len, rank, groups)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._multiplier)
         self.save_steps, self.save_seconds = parse_interval(config.save_every)
         if checkpoint is not None:
@@ -215,21 +216,25 @@ class Trainer(CheckpointedRun):
         (segment-recurrent models: with a full memory, as every segment but a stream's first)."""
         example = self.objective.largest_example(self.config.seq_len)
         inputs, targets, mask = (None if t is None else t.to(self.device).expand(copies, *t.shape[1:]) for t in example)
+        module = self.split or self.model
         if not self.model.recurrent:
-            return self.step_loss(self.split or self.model, inputs, targets, mask)
+            return self.step_loss(module, inputs, targets, mask)
         state = self.model.init_state(copies, device=self.device)
         with torch.no_grad():
-            _, state = self.model(inputs, state=state, return_state=True)
-        return self.objective.loss(self.model(inputs, state=state, return_state=True)[0], targets)
+            _, state = module(inputs, state=state, return_state=True)
+        return self.loss_of(module(inputs, state=state, return_state=True)[0], targets, inputs.shape[-1])
 
     def step_loss(self, module, inputs: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The loss of ``module`` on a batch (``loss_of``)."""
+        return self.loss_of(module(inputs, mask), targets, inputs.shape[-1])
+
+    def loss_of(self, logits: torch.Tensor, targets: torch.Tensor, length: int) -> torch.Tensor:
         """The loss a step minimizes here: the batch's; with context parallelism over P processes, P times
         this process's term of it (``Objective.shard_loss``; DDP and FSDP average the gradients of every process:
-        the P terms add up)."""
-        logits = module(inputs, mask)
+        the P terms add up); ``length``: the sequences' (every process's shard of them)."""
         if self.split is None:
             return self.objective.loss(logits, targets)
-        shard = self.split.shard(inputs.shape[-1])
+        shard = self.split.shard(length)
         return self.objective.shard_loss(logits, targets, shard) * shard.size
 
     def train_step(self) -> tuple[float, int]:
@@ -244,7 +249,7 @@ class Trainer(CheckpointedRun):
             inputs, targets = inputs.to(self.device), targets.to(self.device)
             state = self.model.init_state(inputs.shape[0], device=self.device) if fresh else self.segment_state
             logits, self.segment_state = self.trained(inputs, state=state, return_state=True)
-            loss = self.objective.loss(logits, targets)
+            loss = self.loss_of(logits, targets, inputs.shape[-1])
             tokens = inputs.numel()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
