@@ -35,19 +35,6 @@ def retain_freed_memory() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, _LARGEST_HEAP_BLOCK)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
 
 
-def return_freed_memory() -> bool:
-    """The opposite of ``retain_freed_memory``: blocks from 1 MiB up come from and go back to the system
-    (a fixed mmap threshold, so glibc cannot raise it and pile freed blocks of ever other sizes in the
-    heap); for processes sharing a machine. True when it took effect."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):  # not glibc
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, 1 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 20))
-
-
 def release_freed_memory() -> None:
     """Hand the heap's free memory back to the system now (glibc ``malloc_trim``; elsewhere nothing):
     a process that kept freed blocks for reuse leaves room for others between two phases of work."""

@@ -18,7 +18,7 @@ from ..files import write_json_atomic, write_text_atomic
 from ..mixers.registry import list_mixers
 from ..models.registry import list_models
 from ..progress import progress_bar
-from ..runtime import retain_freed_memory, return_freed_memory, set_threads
+from ..runtime import retain_freed_memory, set_threads
 from ..table import format_table
 from ..train.config import DEVICE
 from ..train.distributed import init_distributed
@@ -313,7 +313,6 @@ def run_scale(args) -> int:
     set_threads(args.threads)
     check_output_path(args.output, "--output")
     check_output_path(args.plot, "--plot", directory=True)
-    return_freed_memory()  # the processes share the machine: none may keep its peak
     context = init_distributed(resolve_device(args.device))
 
     def keep(records: list[dict]) -> None:

@@ -3,9 +3,10 @@
 For each P of ``--processes`` (at most the processes torchrun started; the largest first, so the
 most memory is asked last) the first P processes form a group and train one model at a time on
 sequences of each ``--lengths`` length split over them (``tokenmix.parallel``; batch 1, depth
-``--depth``, width ``--model-dim``); the others wait, idle. Freed memory goes back to the system
-(``runtime.return_freed_memory``, and ``malloc_trim`` between groups: processes sharing a machine
-must not each keep their peak). Per process, the largest over the group:
+``--depth``, width ``--model-dim``); the others wait, idle. Steps run with the allocator setting
+``tokenmix train`` runs with (``runtime.retain_freed_memory``: freed blocks kept for reuse), and each
+group hands its freed memory back (``malloc_trim``) before the next starts, so processes sharing a
+machine do not each keep their peak. Per process, the largest over the group:
 
 - ``activation_bytes``: what autograd keeps for the backward (distinct storages seen by
   saved-tensor hooks, weights excluded): the memory that grows with the length;
