@@ -30,6 +30,7 @@ VALID = {
     "plot": (["{lm}"], ["--out", "{fresh}"]),
     "recipes": ([], []),
     "export-hf": (["{lm}", "{fresh}"], []),
+    "distil": (["{lm}"], ["--order", "2", "--horizon", "8", "--out", "{fresh}"]),
     "convert-checkpoint": (["{format1}"], ["--trust"]),
     "bench": ([], ["--mixers", "tno", "--kinds", "mixer", "--lengths", "8", "--dim", "8", "--repeats", "1", "--causal", "no"]),
     "compare": (["{bench}", "{bench}"], []),

@@ -17,10 +17,10 @@ from ..mixers.registry import list_mixers
 from ..models.registry import list_models
 from ..runtime import retain_freed_memory
 from ..version import __version__
-from . import convert_checkpoint, evaluate, export_hf, finetune, generate, plot, recipes, train
+from . import convert_checkpoint, distil, evaluate, export_hf, finetune, generate, plot, recipes, train
 from .common import INTERRUPTED_STATUS, Parser
 
-COMMANDS = (train, finetune, evaluate, generate, plot, recipes, export_hf, convert_checkpoint)  # in the order --help lists them
+COMMANDS = (train, finetune, evaluate, generate, distil, plot, recipes, export_hf, convert_checkpoint)  # in the order --help lists them
 
 
 def build_parser() -> argparse.ArgumentParser:

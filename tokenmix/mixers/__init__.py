@@ -1,6 +1,6 @@
 """Token mixers: (batch, length, dim) -> same shape; one file per family, a name registry."""
 
-from . import attention, ema, fd_tno, fnet, relative_attention, ski_tno, tcn, tno, tno2d  # noqa: F401  (register the mixers)
+from . import attention, ema, fd_tno, fnet, relative_attention, ski_tno, ssm, tcn, tno, tno2d  # noqa: F401  (register the mixers)
 from .attention import Attention, ChunkedAttention, RelativePosition
 from .base import Mixer, check_sequence, zero_padding
 from .ema import Ema
@@ -10,6 +10,7 @@ from .registry import build_mixer, list_mixers, register_mixer
 from .relative_attention import RelativeAttention
 from .rpe import PiecewiseLinearEncoder, RelativePositionEncoder
 from .ski_tno import SkiTno
+from .ssm import Ssm
 from .tcn import Tcn, dilation_for, receptive_field
 from .tno import Tno
 from .tno2d import Separable2d, Tno2d
@@ -28,6 +29,7 @@ __all__ = [
     "RelativePositionEncoder",
     "Separable2d",
     "SkiTno",
+    "Ssm",
     "Tcn",
     "Tno",
     "Tno2d",

@@ -1,0 +1,66 @@
+"""Diagonal state spaces with complex modes: a causal convolution whose kernel is a sum of damped
+complex exponentials (the modal form of LaughingHyena, Massaroli et al. 2023, arXiv 2310.18780, §3).
+
+Per channel c with N modes of poles p_cn (0 < |p| < 1) and residues r_cn, the recurrence
+
+    s_t = p * s_{t-1} + u_t,   y_t = Re sum_n r_n s_t[n]
+
+unrolls to y = k * u with k_c[l] = Re sum_n r_cn p_cn^l: the state is N complex numbers per channel
+whatever the position. A chunk of k inputs from a state s adds Re sum_n r_n p_n^(t+1) s[n] to the
+chunk's own convolution at its position t and leaves s' = p^k s + sum_t p^(k-1-t) u_t (MEGA's EMA,
+``ops/ema.py``, is the case of real poles). Powers are exp(l log p), in complex64 for float32
+inputs, complex128 for float64.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .fft import spectral_dtype
+from .forms import returned
+from .toeplitz import toeplitz_matvec
+
+
+def _check_modes(poles: torch.Tensor, residues: torch.Tensor) -> None:
+    if not poles.is_complex() or poles.dim() != 2 or residues.shape != poles.shape or not residues.is_complex():
+        shapes = [(tuple(t.shape), t.dtype) for t in (poles, residues)]
+        raise ValueError(f"poles and residues must be complex tensors of one (channels, modes) shape, got {shapes}")
+
+
+def modal_powers(poles: torch.Tensor, count: int) -> torch.Tensor:
+    """p^0 ... p^(count - 1) of poles (channels, N): (channels, N, count)."""
+    lags = torch.arange(count, device=poles.device, dtype=poles.real.dtype)
+    return torch.exp(poles.log()[..., None] * lags)
+
+
+def modal_kernel(poles: torch.Tensor, residues: torch.Tensor, n: int) -> torch.Tensor:
+    """k[l, c] = Re sum_n r_cn p_cn^l for lags l = 0 .. n-1: (n, channels), real."""
+    _check_modes(poles, residues)
+    return torch.einsum("cj,cjl->lc", residues, modal_powers(poles, n)).real
+
+
+def naive_modal(u: torch.Tensor, poles: torch.Tensor, residues: torch.Tensor, initial_state=None, output_final_state: bool = False):
+    """Reference: the recurrence as a Python loop over time; u (batch, n, channels) -> y (batch, n, channels),
+    and the state s (batch, channels, N) after it when ``output_final_state`` (from ``initial_state``, zeros)."""
+    _check_modes(poles, residues)
+    state = torch.zeros(u.shape[0], *poles.shape, dtype=poles.dtype, device=u.device) if initial_state is None else initial_state
+    outputs = []
+    for t in range(u.shape[1]):
+        state = poles * state + u[:, t, :, None]
+        outputs.append((residues * state).sum(-1).real)
+    return returned(torch.stack(outputs, dim=1).to(u.dtype), state, output_final_state)
+
+
+def modal_chunk(u: torch.Tensor, state: torch.Tensor, poles: torch.Tensor, residues: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The recurrence over a chunk u (batch, k, channels) from ``state`` (batch, channels, N) complex:
+    (y (batch, k, channels), the state after it), the chunk's own convolution by FFT plus the carried
+    state, in O(k d N + d k log k)."""
+    _check_modes(poles, residues)
+    k, state = u.shape[1], state.to(poles.dtype)
+    powers = modal_powers(poles, k + 1)  # p^0 ... p^k, (channels, N, k + 1)
+    kernel = torch.einsum("cj,cjl->lc", residues, powers[..., :k]).real
+    carried = torch.einsum("cj,cjt,bcj->btc", residues, powers[..., 1:], state).real
+    y = toeplitz_matvec(u, kernel.to(u.dtype), causal=True) + carried.to(u.dtype)
+    inputs = u.to(spectral_dtype(u.dtype)).to(poles.dtype)
+    new_state = powers[..., k] * state + torch.einsum("cjs,bsc->bcj", powers[..., :k].flip(-1), inputs)
+    return y, new_state
