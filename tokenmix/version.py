@@ -7,7 +7,8 @@ __version__ = "0.2.0"
 
 
 def source_revision() -> str | None:
-    """The git commit of the tokenmix source in use (``-dirty`` with uncommitted changes); None outside a checkout."""
+    """The git commit of the tokenmix source in use (``-dirty`` with uncommitted changes but to the measured
+    results under docs/results/, which a page's earlier commands rewrite); None outside a checkout."""
     root = Path(__file__).resolve().parents[1]
 
     def git(*arguments: str) -> str | None:
@@ -20,4 +21,5 @@ def source_revision() -> str | None:
     if git("rev-parse", "--show-toplevel") != str(root):
         return None
     commit = git("rev-parse", "--short=12", "HEAD")
-    return commit and commit + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs/results")
+    return commit and commit + ("-dirty" if changed else "")
