@@ -14,11 +14,15 @@ inputs, complex128 for float64.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .fft import spectral_dtype
 from .forms import returned
 from .toeplitz import toeplitz_matvec
+
+BLOCK = 512  # tokens of a chunk from a state whose powers are held at once
 
 
 def _check_modes(poles: torch.Tensor, residues: torch.Tensor) -> None:
@@ -28,15 +32,27 @@ def _check_modes(poles: torch.Tensor, residues: torch.Tensor) -> None:
 
 
 def modal_powers(poles: torch.Tensor, count: int) -> torch.Tensor:
-    """p^0 ... p^(count - 1) of poles (channels, N): (channels, N, count)."""
-    lags = torch.arange(count, device=poles.device, dtype=poles.real.dtype)
-    return torch.exp(poles.log()[..., None] * lags)
+    """p^0 ... p^(count - 1) of poles (channels, N): (channels, N, count). As p^(qB + i) = p^(qB) p^i with
+    B ~ sqrt(count), only about 2 sqrt(count) powers per pole are complex exponentials; the rest are products."""
+    within, starts = _power_blocks(poles, count)
+    return (starts[..., :, None] * within[..., None, :]).flatten(-2)[..., :count]
+
+
+def _power_blocks(poles: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(p^i for i < B, p^(qB) for q < ceil(count / B)), each (channels, N, .), B = ceil(sqrt(count))."""
+    size = math.isqrt(count - 1) + 1 if count > 1 else 1
+    blocks = -(-count // size)
+    steps = torch.arange(max(size, blocks), device=poles.device, dtype=poles.real.dtype)
+    logs = poles.log()[..., None]
+    return torch.exp(logs * steps[:size]), torch.exp(logs * (steps[:blocks] * size))
 
 
 def modal_kernel(poles: torch.Tensor, residues: torch.Tensor, n: int) -> torch.Tensor:
-    """k[l, c] = Re sum_n r_cn p_cn^l for lags l = 0 .. n-1: (n, channels), real."""
+    """k[l, c] = Re sum_n r_cn p_cn^l for lags l = 0 .. n-1: (n, channels), real, contracted block by block
+    (``modal_powers``' p^(qB) p^i): no (channels, N, n) tensor of powers is formed."""
     _check_modes(poles, residues)
-    return torch.einsum("cj,cjl->lc", residues, modal_powers(poles, n)).real
+    within, starts = _power_blocks(poles, n)
+    return torch.einsum("cj,cjq,cji->qic", residues, starts, within).real.flatten(0, 1)[:n]
 
 
 def naive_modal(u: torch.Tensor, poles: torch.Tensor, residues: torch.Tensor, initial_state=None, output_final_state: bool = False):
@@ -57,6 +73,15 @@ def modal_chunk(u: torch.Tensor, state: torch.Tensor, poles: torch.Tensor, resid
     state, in O(k d N + d k log k)."""
     _check_modes(poles, residues)
     k, state = u.shape[1], state.to(poles.dtype)
+    if k > BLOCK:  # a long chunk (a prompt) block by block: powers of (channels, N, B + 1) at a time
+        outputs = []
+        for start in range(0, k, BLOCK):
+            y, state = modal_chunk(u[:, start : start + BLOCK], state, poles, residues)
+            outputs.append(y)
+        return torch.cat(outputs, dim=1), state
+    if k == 1:  # one token (decoding): the recurrence itself
+        state = poles * state + u[:, 0, :, None].to(poles.dtype)
+        return (residues * state).sum(-1).real[:, None].to(u.dtype), state
     powers = modal_powers(poles, k + 1)  # p^0 ... p^k, (channels, N, k + 1)
     kernel = torch.einsum("cj,cjl->lc", residues, powers[..., :k]).real
     carried = torch.einsum("cj,cjt,bcj->btc", residues, powers[..., 1:], state).real
