@@ -196,24 +196,29 @@ def test_finetuning_a_copied_checkpoint_reads_its_tokenizer_from_it_and_writes_r
 
 
 def test_finetune_refuses_what_it_cannot_start_from(corpus, glue, tmp_path, capsys):
-    causal = tmp_path / "lm"
-    assert main(["train", "--data", corpus, *SIZES, "--steps", "1", "--out", str(causal)]) == 0
+    causal, masked, classifier = (tmp_path / name for name in ("lm", "mlm", "classifier"))
+    sst2 = ["--data", f"glue-sst2:{glue}"]
+    for run, flags in (
+        (causal, ["--data", corpus]),
+        (masked, ["--data", corpus, "--task", "mlm"]),
+        (classifier, [*sst2, "--task", "classify"]),
+    ):
+        assert main(["train", *flags, *SIZES, "--steps", "1", "--out", str(run)]) == 0
     for arguments, message in [
-        ([str(causal)], "starts from a bidirectional model pretrained with --task mlm"),
-        ([str(tmp_path / "missing")], "does not exist"),
+        ([str(classifier), *sst2], "starts from a masked LM (task mlm: a classifier follows) or a causal language model"),
+        ([str(tmp_path / "missing"), *sst2], "does not exist"),
+        ([str(masked)], "finetune needs --data: the classification task"),
+        ([str(masked), "--data", corpus], "is not a classification task"),
+        ([str(causal), *sst2], "a causal language model is fine-tuned on text"),
     ]:
         capsys.readouterr()
         with pytest.raises(SystemExit):
-            main(["finetune", *arguments, "--data", f"glue-sst2:{glue}", "--out", str(tmp_path / "ft")])
-        assert message in capsys.readouterr().err
+            main(["finetune", *arguments, "--out", str(tmp_path / "ft")])
+        error = capsys.readouterr().err
+        assert message in error and "--task" not in error  # finetune has no --task flag to suggest
     with pytest.raises(SystemExit):
         main(["finetune", str(causal), "--model", "mega"])  # the model comes from the pretrained run: no such flag
     capsys.readouterr()
     with pytest.raises(SystemExit):
         main(["finetune", str(causal), "--resume", "--out", str(causal)])
     assert "is not a fine-tuning run; continue it with `tokenmix train --resume`" in capsys.readouterr().err
-    for data, message in ([], "finetune needs --data: the classification task"), (["--data", corpus], "is not a classification task"):
-        with pytest.raises(SystemExit):
-            main(["finetune", str(causal), *data, "--out", str(tmp_path / "ft")])
-        error = capsys.readouterr().err
-        assert message in error and "--task" not in error  # finetune has no --task flag to suggest

@@ -36,6 +36,21 @@ def test_the_modal_recurrence_in_chunks_is_the_convolution_with_its_kernel(n):
     assert relative_error(torch.view_as_real(state), torch.view_as_real(final)) < 1e-10
 
 
+def test_a_long_prompt_in_one_chunk_is_the_loop():
+    """A chunk past ``GROUP_ROWS`` / batch tokens and not a whole number of blocks (groups of blocks, then a tail)
+    from a non-zero state gives the loop's outputs and final state."""
+    from tokenmix.ops.modal import BLOCK, GROUP_ROWS
+
+    poles, residues = random_modes(3, 2, seed=7)
+    n = 2 * GROUP_ROWS // 2 + 3 * BLOCK + 17
+    u = torch.randn(2, n, 3, dtype=torch.float64)
+    start = torch.randn(2, 3, 4, dtype=torch.complex128)
+    y, state = modal_chunk(u, start, poles, residues)
+    looped, final = naive_modal(u, poles, residues, initial_state=start, output_final_state=True)
+    assert relative_error(y, looped) < 1e-10
+    assert relative_error(torch.view_as_real(state), torch.view_as_real(final)) < 1e-10
+
+
 @pytest.mark.parametrize("n", LENGTHS)
 @pytest.mark.parametrize("window", [0, 3])
 def test_the_ssm_forward_equals_its_loops_forward_and_gradients(n, window):
@@ -70,6 +85,33 @@ def test_ssm_streams_in_any_chunks_with_a_state_that_does_not_grow(window):
     assert sizes == {2 * 3 * (window + 6 * 2) * 8}
 
 
+def test_decoding_without_autograd_follows_every_change_of_the_modes():
+    """Outside autograd the step keeps the poles' polar form between calls; changed modes (``set_modes``, a loaded
+    state dict, an optimiser's step, a move to another dtype) are used from the next step on."""
+    mixer = tokenmix.build_mixer("ssm", 3, causal=True, order=4).double()
+    x = torch.randn(1, 20, 3, dtype=torch.float64)
+
+    def decoded() -> torch.Tensor:
+        state, outputs = mixer.init_state(1, dtype=x.dtype), []
+        with torch.no_grad():
+            for t in range(x.shape[1]):
+                y, state = mixer.step(x[:, t : t + 1], state)
+                outputs.append(y)
+        return torch.cat(outputs, dim=1)
+
+    assert relative_error(decoded(), mixer(x)) < 1e-10
+    poles, residues = random_modes(3, 2, seed=5)
+    mixer.set_modes(poles, residues)
+    assert relative_error(decoded(), mixer(x)) < 1e-10
+    mixer.load_state_dict({**mixer.state_dict(), "residue": torch.randn(3, 4, 2, dtype=torch.float64)})
+    assert relative_error(decoded(), mixer(x)) < 1e-10
+    mixer.pole_angle.grad = torch.ones_like(mixer.pole_angle)
+    torch.optim.SGD(mixer.parameters(), lr=0.1).step()
+    assert relative_error(decoded(), mixer(x)) < 1e-10
+    mixer.pole_logit.data = mixer.pole_logit.data - 0.5  # replaced, not changed in place
+    assert relative_error(decoded(), mixer(x)) < 1e-10
+
+
 @pytest.mark.parametrize("pairs", [1, 4, 8])
 def test_a_sum_of_damped_exponentials_is_recovered_at_its_order(pairs):
     """A kernel that is exactly N = 2 * pairs modes (a real kernel: conjugate pairs) is fitted at order N
@@ -99,6 +141,30 @@ def test_the_hankel_bound_holds_for_every_fit(order):
         assert bool((fit.poles.abs() < 1).all())
         singular = hankel_singular_values(kernel)
         assert torch.allclose(fit.singular_values, singular) and bool((singular[:, :-1] >= singular[:, 1:]).all())
+
+
+def test_one_decomposition_truncated_at_each_order_is_each_order_fitted_alone():
+    """``fit_kernel`` decomposes each block of channels once for every order; each order's fit is the one
+    ``balanced_modes`` makes alone (channels past one block included)."""
+    from tokenmix.models.distil import CHANNEL_BLOCK, fit_kernel
+
+    poles, residues = random_modes(CHANNEL_BLOCK + 3, 4, seed=3)
+    kernel = modal_kernel(poles, residues, 60)
+    for order, (modes, errors) in zip([2, 5], fit_kernel(kernel, [2, 5], window=3), strict=True):
+        alone = balanced_modes(kernel[3:], order)
+        assert torch.equal(modes["poles"], alone.poles) and torch.equal(modes["residues"], alone.residues)
+        assert torch.equal(modes["taps"], kernel[:3].t())
+        assert torch.allclose(errors["relative_l2"], (alone.kernel(57) - kernel[3:]).norm(dim=0) / kernel.norm(dim=0))
+
+
+def test_the_recommended_order_is_the_smallest_within_the_budget():
+    from tokenmix.models.distil import recommended_order
+
+    rows = [{"order": order, "loss_increase": increase} for order, increase in ((4, 0.02), (8, 0.004), (16, -0.001), (32, 0.0001))]
+    assert recommended_order(rows, 0.005) == 8
+    assert recommended_order(rows, 0.0) == 16
+    with pytest.raises(ValueError, match=r"no order of \[4, 8, 32\] keeps the loss within it; the closest, order 32, adds 0.0100%"):
+        recommended_order([row for row in rows if row["order"] != 16], 0.0)
 
 
 def test_fitted_modes_load_into_the_mixer():
@@ -178,3 +244,43 @@ def test_a_distilled_run_is_a_run_every_command_reads(tiny_runs, tmp_path, capsy
     assert main(["generate", str(out), "--max-new-tokens", "5", "--prompt", "To be"]) == 0
     assert tokenmix.from_pretrained(out / "model").config.options["mixer"]["name"] == "ssm"
     assert "already holds a run" in usage_error(["distil", str(tiny_runs["lm"]), "--order", "4", "--out", str(out)], capsys)
+
+
+def test_distil_sweeps_orders_within_a_loss_budget(tiny_runs, tmp_path, capsys):
+    """``--max-loss-increase`` fits every order once, evaluates each distilled model, writes the smallest order within
+    the budget with the sweep in its report and a plot; without a budget it takes one order only."""
+    import json
+
+    from tokenmix.cli import main
+    from tokenmix.models.distil import recommended_order
+
+    out, budget = tmp_path / "swept", 0.5
+    flags = ["--order", "6,2,4", "--horizon", "64", "--eval-tokens", "128", "--out", str(out), "--json", str(tmp_path / "report.json")]
+    assert main(["distil", str(tiny_runs["lm"]), "--max-loss-increase", f"{100 * budget}%", *flags]) == 0
+    report = json.loads((out / "distil.json").read_text())
+    assert json.loads((tmp_path / "report.json").read_text()) == report
+    sweep = report["sweep"]
+    assert [row["order"] for row in sweep] == [2, 4, 6] and report["max_loss_increase"] == budget
+    assert all(row["loss_increase"] == pytest.approx(row["loss"] / row["exact_loss"] - 1) for row in sweep)
+    assert report["order"] == recommended_order(sweep, budget)
+    assert tokenmix.from_pretrained(out / "model").config.options["mixer"]["order"] == report["order"]
+    assert [row["state_bytes"] for row in sweep] == sorted({row["state_bytes"] for row in sweep})  # grows with the order
+    assert (out / "distil_sweep.png").stat().st_size > 0
+    two_orders = ["distil", str(tiny_runs["lm"]), "--order", "2,4", "--out", str(tmp_path / "x")]
+    assert "--order: give one order" in usage_error(two_orders, capsys)
+
+
+def test_a_distilled_language_model_is_fine_tuned_on_its_own_text(tiny_runs, tmp_path):
+    """``tokenmix finetune`` trains a distilled causal LM on from its weights, on the data its run was trained on:
+    the state space's poles and residues move, the model stays a state space, other weights start where they were."""
+    from tokenmix.cli import main
+    from tokenmix.train.checkpoint import load_checkpoint
+
+    distilled, tuned = tmp_path / "distilled", tmp_path / "tuned"
+    assert main(["distil", str(tiny_runs["lm"]), "--order", "3", "--horizon", "64", "--out", str(distilled)]) == 0
+    assert main(["finetune", str(distilled), "--steps", "2", "--batch-size", "2", "--eval-tokens", "64", "--out", str(tuned)]) == 0
+    before, after = load_checkpoint(distilled), load_checkpoint(tuned)
+    assert after["train_config"]["task"] == "lm" and after["train_config"]["data"] == before["train_config"]["data"]
+    assert after["model_config"]["options"]["mixer"] == before["model_config"]["options"]["mixer"]
+    mixer = "blocks.0.token_mixing.mixer."
+    assert all(not torch.equal(after["model"][mixer + name], before["model"][mixer + name]) for name in ("pole_logit", "residue"))

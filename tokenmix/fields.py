@@ -222,6 +222,9 @@ class Names(Choice):
 class Lengths(Kind):
     """Comma-separated positive integers, e.g. ``512,1024``."""
 
+    def __init__(self, what: str = "lengths"):
+        self.what = what
+
     def describe(self) -> str:
         return "comma-separated positive integers"
 
@@ -229,13 +232,29 @@ class Lengths(Kind):
         try:
             lengths = [int(part) for part in text.split(",")]
         except ValueError:
-            raise ValueError(f"lengths must be comma-separated integers, got {text!r}") from None
+            raise ValueError(f"{self.what} must be comma-separated integers, got {text!r}") from None
         if min(lengths) < 1:
-            raise ValueError(f"lengths must be positive integers, got {text!r}")
+            raise ValueError(f"{self.what} must be positive integers, got {text!r}")
         return lengths
 
     def invalid(self) -> list[str]:
         return ["", "x", "512,,1024", "0", "-4", "8,1.5"]
+
+
+class Percent(Number):
+    """A percentage >= 0, the ``%`` optional (``0.5%`` and ``0.5`` alike), held as a fraction (0.005)."""
+
+    def __init__(self):
+        super().__init__(minimum=0)
+
+    def describe(self) -> str:
+        return "a percentage >= 0, e.g. 0.5%"
+
+    def parse(self, text: str) -> float:
+        return super().parse(text.removesuffix("%")) / 100
+
+    def invalid(self) -> list[str]:
+        return [*super().invalid(), "%", "1%%", "-0.5%"]
 
 
 class Text(Kind):

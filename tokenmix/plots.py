@@ -7,6 +7,7 @@
   (TNO: T; SKI-TNO: its band, its smooth or low-rank part and their sum; FD-TNO: T; MEGA's damped
   EMA: its kernel as T), on a symmetric-log colour scale so that the off-diagonal structure, often
   orders of magnitude below the diagonal, stays visible; plus FD responses when the model has any.
+- ``plot_distil_sweep``: a ``tokenmix distil`` sweep, kernel errors and validation loss against the order.
 - ``plot_listops_distributions``: lengths, nodes by depth and argument counts of generated ListOps
   trees against the generator's rules (the length bounds, operators drawn with probability 0.25
   below max_depth, argument counts uniform).
@@ -140,6 +141,30 @@ def plot_listops_distributions(path, count: int = 2000, seed: int = 0, **options
     arity_ax.set(title=f"arguments per operator ({len(arities):,} operators)", xlabel="arguments", ylabel="fraction")
     arity_ax.legend(fontsize=8, loc="lower right")
     fig.suptitle(f"ListOps generator: {count:,} distinct trees, seed {seed}, max_depth {resolved.max_depth}, max_args {resolved.max_args}")
+    return _save(fig, path)
+
+
+def plot_distil_sweep(rows: list[dict], max_loss_increase: float | None, path, title: str) -> Path:
+    """A ``tokenmix distil`` sweep: the kernels' largest errors and Hankel bound against the order (left), the
+    validation loss's increase over the exact model's against the order, beside the budget (right)."""
+    orders = [row["order"] for row in rows]
+    fig, (error_ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
+    for key, label in (("relative_l2", "kernel relative l2 error"), ("relative_linf", "kernel relative l-inf error"),
+                       ("bound_vs_l1", "Hankel bound 2 sum sigma_tail / l1 norm")):  # fmt: skip
+        error_ax.loglog(orders, [max(row[key], 1e-16) for row in rows], "o-", label=label)
+    error_ax.set(title="largest over layers and channels", xlabel="order N (complex modes per channel)", ylabel="relative to the kernel")
+    increase = [100 * row["loss_increase"] for row in rows]
+    loss_ax.semilogx(orders, increase, "o-", label="distilled model")
+    if max_loss_increase is not None:
+        loss_ax.axhline(100 * max_loss_increase, color="C3", ls="--", label=f"budget {100 * max_loss_increase:g}%")
+    loss_ax.axhline(0.0, color="grey", lw=0.8)
+    loss_ax.set(title="validation loss against the exact model's", xlabel="order N (complex modes per channel)", ylabel="loss increase (%)")
+    for axis in (error_ax, loss_ax):
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(orders, [str(order) for order in orders])
+        axis.grid(True, alpha=0.3)
+        axis.legend(fontsize=8)
+    fig.suptitle(title)
     return _save(fig, path)
 
 

@@ -2,8 +2,9 @@
 
 Each page is Markdown whose figures sit in ``console`` blocks: the commands, each on a line that
 starts with ``$ `` (a trailing backslash continues it), and below each the output the tool prints
-for it, rendered from the file the command wrote: ``tokenmix eval --json FILE`` its table,
-``tokenmix bench --output FILE`` its tables, ``tokenmix compare BEFORE AFTER`` its speed-ups.
+for it, rendered from the file the command wrote: ``tokenmix eval --json FILE`` its table, ``tokenmix
+distil --json FILE`` its report, ``tokenmix bench --output FILE`` its tables, ``tokenmix compare
+BEFORE AFTER`` its speed-ups.
 Anything else a block shows is rewritten; the prose around the blocks is left alone. Each page
 ends with the data files it reads and the commit each was measured at.
 
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokenmix.bench.cli import bench_tables, comparison_table
+from tokenmix.cli.distil import distil_report
 from tokenmix.cli.evaluate import eval_report
 from tokenmix.files import write_text_atomic
 
@@ -66,7 +68,7 @@ class Command:
     def data_files(self) -> list[str]:
         """The files whose content this command's output is rendered from."""
         argv = self.argv
-        if argv[:2] == ["tokenmix", "eval"] and self.option("--json"):
+        if argv[:2] in (["tokenmix", "eval"], ["tokenmix", "distil"]) and self.option("--json"):
             return [self.option("--json")]
         if argv[:2] == ["tokenmix", "bench"] and self.option("--output"):
             return [self.option("--output")]
@@ -85,6 +87,8 @@ class Command:
         if argv[1] == "eval":
             results = json.loads(files[0].read_text())
             return eval_report([current_eval_result(result) for result in (results if isinstance(results, list) else [results])])
+        if argv[1] == "distil":
+            return distil_report(json.loads(files[0].read_text()))
         if argv[1] == "bench":
             return bench_tables(json.loads(files[0].read_text()))
         with warnings.catch_warnings():  # a condition that differs between the files is the page's to say

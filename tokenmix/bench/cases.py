@@ -40,6 +40,12 @@ class Case:
     device: str = "cpu"
     options: dict = field(default_factory=dict)
     limits: dict = field(default_factory=dict)  # generate kinds: recompute_max, direct_max_seconds
+    variant: str = ""  # a model changed by its options, named in its records beside the model's name: "ssm 16"
+
+    @property
+    def label(self) -> str:
+        """The name its records show: the model's or mixer's, with the variant in brackets."""
+        return f"{self.name} ({self.variant})" if self.variant else self.name
 
     def __post_init__(self):
         if self.kind not in CASE_KINDS:

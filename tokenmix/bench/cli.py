@@ -7,6 +7,7 @@ import math
 import platform
 import shlex
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -16,14 +17,15 @@ from ..errors import user_input
 from ..fields import Choice, Existing, Integer, KeyValue, Lengths, Names, Number, Output, check_output_path
 from ..files import write_json_atomic, write_text_atomic
 from ..mixers.registry import list_mixers
-from ..models.registry import list_models
+from ..models.distil import distilled_options
+from ..models.registry import list_models, resolve_model_options
 from ..progress import progress_bar
 from ..runtime import retain_freed_memory, set_threads
 from ..table import format_table
 from ..train.config import DEVICE
 from ..train.distributed import init_distributed
 from ..version import source_revision
-from .cases import CASE_KINDS, DTYPES, GENERATE_KINDS, KINDS, MIXER_KINDS, TRAINING_KINDS, Case, batch_for, supports
+from .cases import CASE_KINDS, DTYPES, GENERATE_DEPTH, GENERATE_KINDS, KINDS, MIXER_KINDS, TRAINING_KINDS, Case, batch_for, supports
 from .measure import measure
 from .records import failed_measurement
 from .report import (
@@ -121,6 +123,20 @@ def add_bench(subparsers) -> None:
         type=Integer(1),
         default=8192,
         help="--kinds generate: recompute the whole prefix only at positions up to this (default: 8192); above it, skipped",
+    )
+    parser.add_argument(
+        "--distilled",
+        type=Lengths("orders"),
+        default=[],
+        metavar="ORDERS",
+        help="--kinds generate: also decode each causal Toeplitz model with its Toeplitz mixers replaced by diagonal state spaces "
+        "of these orders (`tokenmix distil`'s models; their rows say 'ssm N'), e.g. 16",
+    )
+    parser.add_argument(
+        "--generate-batch",
+        type=Integer(1),
+        default=1,
+        help="--kinds generate: sequences decoded at once (default: 1; the state grows with it)",
     )
     parser.add_argument(
         "--direct-max-seconds",
@@ -235,11 +251,21 @@ def bench_cases(args) -> list[Case]:
             for causal in causal_modes:
                 if not supports(kind, name, causal):
                     continue
+                options = options_for(name, args.option)
+                variants = [("", options)] + (distilled_variants(name, options, dim, args.distilled) if kind == "generate" else [])
                 for length in lengths:
-                    batch = 1 if kind in GENERATE_KINDS else batch_for(length, args.batch_tokens)
-                    options = options_for(name, args.option)
-                    cases.append(Case(kind, name, causal, length, dim, batch, args.dtype, args.device, options, limits))
+                    batch = {"generate": args.generate_batch, "generate_mixer": 1}.get(kind) or batch_for(length, args.batch_tokens)
+                    for variant, chosen in variants:
+                        cases.append(Case(kind, name, causal, length, dim, batch, args.dtype, args.device, chosen, limits, variant))
     return cases
+
+
+def distilled_variants(name: str, options: dict, dim: int, orders: list[int]) -> list[tuple[str, dict]]:
+    """(variant, options) of model ``name`` with its Toeplitz mixers replaced by ``ssm`` mixers of each order (none
+    where it has no Toeplitz mixer): the shapes ``tokenmix distil`` gives it, with their initial modes."""
+    exact = resolve_model_options(name, options, dim, GENERATE_DEPTH)
+    replaced = {order: distilled_options(exact, order) for order in orders}
+    return [(f"ssm {order}", tree) for order, tree in replaced.items() if tree != exact]
 
 
 def check_cases(cases: list[Case]) -> None:
@@ -247,11 +273,11 @@ def check_cases(cases: list[Case]) -> None:
     is a ValueError naming the case, not a failure discovered an hour into the run."""
     seen = set()
     for case in cases:
-        key = (case.kind, case.name, case.causal, json.dumps(case.options, sort_keys=True))
+        key = (case.kind, case.label, case.causal, json.dumps(case.options, sort_keys=True))
         if key in seen:
             continue
         seen.add(key)
-        tiny = Case(case.kind, case.name, case.causal, CHECK_LENGTH, case.dim, 1, case.dtype, case.device, case.options, case.limits)
+        tiny = replace(case, length=CHECK_LENGTH, batch=1)
         try:
             if case.kind in GENERATE_KINDS:
                 measure(tiny, repeats=1)  # the prefill, steps and recompute (tiled and direct) of 8 tokens

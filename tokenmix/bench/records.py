@@ -93,7 +93,7 @@ def from_dict(data: dict) -> Record:
 def identity(case: Case, device=None) -> dict:
     """The identity fields of ``case``'s record (``device``: the device it ran on)."""
     return dict(
-        kind=case.kind, mixer=case.name, causal=case.causal, length=case.length, batch=case.batch, dim=case.dim,
+        kind=case.kind, mixer=case.label, causal=case.causal, length=case.length, batch=case.batch, dim=case.dim,
         dtype=case.dtype, device=str(device or case.device), threads=torch.get_num_threads(), torch=torch.__version__,
     )  # fmt: skip
 

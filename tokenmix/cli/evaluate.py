@@ -47,7 +47,7 @@ def _load_data(source: str, length: int, seed: int, tokenizer):
     return load_data(source, length, seed, tokenizer or "bytes")
 
 
-def _objective(model, train_config: dict, tokenizer, length: int):
+def run_objective(model, train_config: dict, tokenizer, length: int):
     """The run's objective on its data in its tokenizer's ids (a recall task is regenerated at
     ``length``; data read once per process)."""
     data = _load_data(train_config["data"], length, train_config["seed"], tokenizer)
@@ -69,7 +69,7 @@ def _evaluate_run(model, train_config: dict, tokenizer, checkpoint: str, args) -
     batch_size = args.batch_size or min(EVAL_BATCH, train_config["batch_size"])
     rows = []
     for length in lengths:
-        objective = _objective(model, train_config, tokenizer, length)
+        objective = run_objective(model, train_config, tokenizer, length)
         for split in splits:
             metrics = objective.evaluate(model, split, length=length, max_tokens=args.max_tokens, batch_size=batch_size)
             rows.append({"split": split, "length": length, **metrics})
@@ -154,7 +154,7 @@ def run_eval(args) -> int:
         if args.lengths and runs[0][0].config.task == "classify":
             raise ValueError("--lengths applies to language models and recall; a classifier reads whole examples of the data's own lengths")
         for model, train_config, tokenizer, _ in runs:
-            _objective(model, train_config, tokenizer, train_config["seq_len"])  # the data is still where it was
+            run_objective(model, train_config, tokenizer, train_config["seq_len"])  # the data is still where it was
     results = [_evaluate_run(*run, args) for run in runs]
     print(eval_report(results))
     if args.json:

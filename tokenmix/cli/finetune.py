@@ -1,4 +1,5 @@
-"""``tokenmix finetune``: a pretrained masked-LM run fine-tuned on a classification task."""
+"""``tokenmix finetune``: a pretrained masked-LM run fine-tuned on a classification task, or a causal language
+model (a distilled one: ``tokenmix distil``) trained on from its weights."""
 
 from __future__ import annotations
 
@@ -7,8 +8,7 @@ from dataclasses import asdict
 from ..errors import user_input
 from ..fields import Existing
 from ..train.config import TrainConfig
-from ..train.finetune import FROM_PRETRAINED, finetune_settings, read_pretrained
-from ..train.objectives import objective_class
+from ..train.finetune import FROM_PRETRAINED, finetune_data, finetune_settings, read_pretrained
 from .train import add_run_flags, given_settings, make_trainer, run_training, train_config_from_args
 
 # A fine-tuning run's defaults where they differ from training's (BERT's recipe, Devlin et al.
@@ -28,15 +28,18 @@ FINETUNE_DEFAULTS = {
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
-        "finetune", help="fine-tune a pretrained masked-LM run on a classification task (GLUE: --data glue-sst2:DIR)"
+        "finetune",
+        help="fine-tune a pretrained masked-LM run on a classification task (GLUE: --data glue-sst2:DIR), or a causal LM "
+        "(a distilled one) on text",
     )
     parser.add_argument(
         "pretrained",
         type=Existing("a pretrained run"),
-        help="a run directory (or checkpoint.pt, or save_pretrained directory) trained with --task mlm",
+        help="a run directory (or checkpoint.pt, or save_pretrained directory) trained with --task mlm, or a causal LM",
     )
     data = (
-        "the classification task to fine-tune on (needed unless --resume): glue-TASK:DIR (cola, sst2, mrpc, qqp, stsb, mnli, qnli, "
+        "a masked LM: the classification task to fine-tune on (needed unless --resume); a causal LM: text (default: its own). "
+        "Tasks: glue-TASK:DIR (cola, sst2, mrpc, qqp, stsb, mnli, qnli, "
         "rte), listops[:DIR], lra-text:DIR, lra-retrieval:DIR, lra-image:DIR, lra-pathfinder:DIR, shapes (docs/language.md, docs/lra.md)"
     )
     defaults = {**asdict(TrainConfig()), **FINETUNE_DEFAULTS, "data": None}
@@ -53,17 +56,15 @@ def run_finetune(args) -> int:
             if config.init is None:
                 raise ValueError(f"--resume: the run in {args.out!r} is not a fine-tuning run; continue it with `tokenmix train --resume`")
         else:
-            if args.data is None:
-                raise ValueError(
-                    "finetune needs --data: the classification task to fine-tune on, e.g. --data glue-sst2:DIR (docs/language.md)"
-                )
-            if "classify" not in objective_class(args.data).tasks:
-                raise ValueError(
-                    f"--data {args.data!r} is not a classification task; finetune trains a classifier: give glue-TASK:DIR, listops, "
-                    "lra-text:DIR, lra-retrieval:DIR, lra-image:DIR, lra-pathfinder:DIR or shapes"
-                )
-            # a --minutes budget sets steps to None over the default step count
             pretrained = read_pretrained(args.pretrained)
-            config = TrainConfig(**finetune_settings(pretrained, args.pretrained, {**FINETUNE_DEFAULTS, **given_settings(args)}))
+            args.data = finetune_data(pretrained, args.pretrained, args.data)
+            # a --minutes budget sets steps to None over the default step count
+            defaults = {**FINETUNE_DEFAULTS, **_causal_defaults(pretrained)}
+            config = TrainConfig(**finetune_settings(pretrained, args.pretrained, {**defaults, **given_settings(args)}))
         trainer = make_trainer(config, args, pretrained)
     return run_training(trainer, "finetune", sample_tokens=0)
+
+
+def _causal_defaults(pretrained) -> dict:
+    """A causal LM goes on with its own dropout (the classifier recipe's 0.1 would change the model it recovers)."""
+    return {"dropout": pretrained.config.options.get("dropout", 0.0)} if pretrained.config.task == "lm" else {}

@@ -74,6 +74,14 @@ class Ssm(ToeplitzOperator, ChannelSliced, Mixer):
         logit, angle = self.pole_logit[channels].double(), self.pole_angle[channels].double()
         return torch.polar(torch.sigmoid(logit), angle), torch.view_as_complex(self.residue[channels].double().contiguous())
 
+    def _cached_modes(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``modes()`` outside autograd, computed again only when a parameter changes (in place or replaced): a
+        decoding step would otherwise spend a third of its time on the poles' sigmoid and polar form."""
+        key = tuple((parameter.data_ptr(), parameter._version) for parameter in (self.pole_logit, self.pole_angle, self.residue))
+        if getattr(self, "_modes_cache", (None,))[0] != key:
+            self._modes_cache = (key, self.modes())
+        return self._modes_cache[1]
+
     def set_modes(self, poles: torch.Tensor, residues: torch.Tensor, taps: torch.Tensor | None = None) -> None:
         """Load fitted modes: poles (dim, order) complex with 0 < |p| < 1, residues (dim, order) complex, taps (dim, window)."""
         expected = (self.dim, self.order)
@@ -117,7 +125,7 @@ class Ssm(ToeplitzOperator, ChannelSliced, Mixer):
         """The window's taps over [recent; x], plus the modes fed with the inputs W tokens back, from their state."""
         k, window = x.shape[1], self.window
         inputs = torch.cat([state.recent, x.to(state.recent.dtype)], dim=1)  # (batch, W + k, dim)
-        poles, residues = self.modes()
+        poles, residues = self.modes() if torch.is_grad_enabled() else self._cached_modes()
         y, modes = modal_chunk(inputs[:, :k], torch.view_as_complex(state.modes.contiguous()), poles, residues)
         if window:
             taps = torch.cat([self.taps.t().to(y.dtype), y.new_zeros(k, self.dim)], dim=0)

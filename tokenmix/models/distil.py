@@ -13,10 +13,13 @@ Massaroli et al. 2023, arXiv 2310.18780, distils Hyena's filters the same way).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
 import torch
 
 from ..mixers.registry import mixer_class
-from ..ops.balanced import balanced_modes
+from ..ops.balanced import hankel_spectrum
 from ..progress import progress_bar
 from .config import ModelConfig
 from .model import SequenceModel
@@ -29,18 +32,17 @@ def distillable(mixer) -> bool:
     return getattr(mixer, "toeplitz_streaming", False) and mixer.causal
 
 
-def _replaced_options(tree: dict, order: int, window: int) -> tuple[dict, int]:
-    """The options tree with every Toeplitz mixer's options replaced by the ``ssm``'s, and how many were."""
-    replaced, count = {}, 0
+def distilled_options(tree: dict, order: int, window: int = 0) -> dict:
+    """The options tree with every Toeplitz mixer's options replaced by the ``ssm``'s."""
+    replaced = {}
     for key, value in tree.items():
         if isinstance(value, dict) and "name" in value and getattr(mixer_class(value["name"]), "toeplitz_streaming", False):
-            replaced[key], count = {"name": "ssm", "order": order, "window": window}, count + 1
+            replaced[key] = {"name": "ssm", "order": order, "window": window}
         elif isinstance(value, dict):
-            replaced[key], inner = _replaced_options(value, order, window)
-            count += inner
+            replaced[key] = distilled_options(value, order, window)
         else:
             replaced[key] = value
-    return replaced, count
+    return replaced
 
 
 def check_distil(model: SequenceModel, order: int, window: int, horizon: int) -> None:
@@ -58,10 +60,15 @@ def check_distil(model: SequenceModel, order: int, window: int, horizon: int) ->
         )
 
 
-def fit_kernel(kernel: torch.Tensor, order: int, window: int) -> tuple[dict, dict]:
-    """(the ``ssm``'s modes and taps, the fit's errors per channel) for kernels (horizon, channels)."""
+def fit_kernel(kernel: torch.Tensor, orders: Sequence[int], window: int) -> list[tuple[dict, dict]]:
+    """For each order: (the ``ssm``'s modes and taps, the fit's errors per channel), for kernels (horizon, channels).
+    Each block of channels' Hankel matrices is decomposed once for every order."""
     kernel = kernel.double()
-    fits = [balanced_modes(kernel[window:, start : start + CHANNEL_BLOCK], order) for start in range(0, kernel.shape[1], CHANNEL_BLOCK)]
+    blocks = [hankel_spectrum(kernel[window:, start : start + CHANNEL_BLOCK]) for start in range(0, kernel.shape[1], CHANNEL_BLOCK)]
+    return [_fit_order([spectrum.truncate(order) for spectrum in blocks], kernel, window) for order in orders]
+
+
+def _fit_order(fits: list, kernel: torch.Tensor, window: int) -> tuple[dict, dict]:
     poles, residues = (torch.cat([getattr(fit, name) for fit in fits]) for name in ("poles", "residues"))
     bound = torch.cat([fit.bound for fit in fits])
     fitted = torch.cat([kernel[:window], torch.cat([fit.kernel(kernel.shape[0] - window) for fit in fits], dim=1)])
@@ -75,32 +82,93 @@ def fit_kernel(kernel: torch.Tensor, order: int, window: int) -> tuple[dict, dic
     return {"poles": poles, "residues": residues, "taps": kernel[:window].t()}, errors
 
 
+@dataclass
+class LayerFit:
+    """One replaced mixer's fitted modes (``Ssm.set_modes`` arguments) and its report."""
+
+    path: str
+    modes: dict
+    report: dict
+
+
+def fit_orders(
+    model: SequenceModel, orders: Sequence[int], window: int = 0, horizon: int = 1024, progress: bool = False
+) -> dict[int, list[LayerFit]]:
+    """Each order's fits of every causal Toeplitz mixer of ``model`` over ``horizon`` lags after ``window``
+    exact taps (module docstring); each mixer's kernel evaluated and decomposed once for all orders."""
+    for order in orders:
+        check_distil(model, order, window, horizon)
+    fits = {order: [] for order in orders}
+    replaced = [(path, module) for path, module in model.named_modules() if distillable(module)]
+    for path, module in progress_bar(replaced, desc="distil", unit="mixer", disable=not progress):
+        with torch.no_grad():
+            kernel = module.stream_taps(horizon, horizon)
+        for order, (modes, errors) in zip(orders, fit_kernel(kernel, orders, window), strict=True):
+            report = {"mixer": path, **{name: float(value.max()) for name, value in errors.items()}}
+            fits[order].append(LayerFit(path, modes, {**report, "median_relative_l2": float(errors["relative_l2"].median())}))
+    return fits
+
+
+def distilled_model(model: SequenceModel, order: int, window: int, fits: list[LayerFit]) -> SequenceModel:
+    """``model`` with each fitted mixer replaced by an ``ssm`` of ``order`` modes holding its fit; every other weight kept."""
+    options = distilled_options(model.config.options, order, window)
+    config = ModelConfig.from_dict({**model.config.to_dict(), "options": options})
+    parameter = next(model.parameters())
+    distilled = SequenceModel(config).to(parameter.device, parameter.dtype).eval()
+    paths = tuple(f"{fit.path}." for fit in fits)
+    kept = {key: value for key, value in model.state_dict().items() if not key.startswith(paths)}
+    missing, unexpected = distilled.load_state_dict(kept, strict=False)
+    if unexpected or not all(key.startswith(paths) for key in missing):
+        raise RuntimeError(f"distil: weights that do not carry over: missing {missing}, unexpected {unexpected}")  # pragma: no cover
+    for fit in fits:
+        distilled.get_submodule(fit.path).set_modes(**fit.modes)
+    return distilled
+
+
 def distil(
     model: SequenceModel, order: int, window: int = 0, horizon: int = 1024, progress: bool = False
 ) -> tuple[SequenceModel, list[dict]]:
     """(the distilled model, one report per replaced mixer): every causal Toeplitz mixer of ``model``
     fitted over ``horizon`` lags with ``order`` modes after ``window`` exact taps (module docstring)."""
-    check_distil(model, order, window, horizon)
-    options, _ = _replaced_options(model.config.options, order, window)
-    config = ModelConfig.from_dict({**model.config.to_dict(), "options": options})
-    parameter = next(model.parameters())
-    distilled = SequenceModel(config).to(parameter.device, parameter.dtype).eval()
-    replaced = [(path, module) for path, module in model.named_modules() if distillable(module)]
-    kept = {key: value for key, value in model.state_dict().items() if not any(key.startswith(f"{path}.") for path, _ in replaced)}
-    missing, unexpected = distilled.load_state_dict(kept, strict=False)
-    if unexpected or any(not any(key.startswith(f"{path}.") for path, _ in replaced) for key in missing):
-        raise RuntimeError(f"distil: weights that do not carry over: missing {missing}, unexpected {unexpected}")  # pragma: no cover
-    reports = []
-    for path, module in progress_bar(replaced, desc="distil", unit="mixer", disable=not progress):
-        with torch.no_grad():
-            kernel = module.stream_taps(horizon, horizon)
-        modes, errors = fit_kernel(kernel, order, window)
-        distilled.get_submodule(path).set_modes(**modes)
-        reports.append(
-            {
-                "mixer": path,
-                **{name: float(value.max()) for name, value in errors.items()},
-                "median_relative_l2": float(errors["relative_l2"].median()),
-            }
-        )
-    return distilled, reports
+    fits = fit_orders(model, [order], window, horizon, progress)[order]
+    return distilled_model(model, order, window, fits), [fit.report for fit in fits]
+
+
+SWEEP_ORDERS = (4, 8, 16, 32, 64, 128)  # the orders ``tokenmix distil --max-loss-increase`` tries unless told
+
+
+def sweep_orders(
+    model: SequenceModel,
+    orders: Sequence[int],
+    loss_of: Callable[[SequenceModel], float],
+    window: int = 0,
+    horizon: int = 1024,
+    progress: bool = False,
+) -> tuple[list[dict], dict[int, list[LayerFit]]]:
+    """(one row per order: the loss ``loss_of`` gives the distilled model, its relative increase over the exact
+    model's, the largest kernel errors and Hankel bound over the layers, the state bytes per sequence; the fits)."""
+    fits = fit_orders(model, orders, window, horizon, progress)
+    exact = loss_of(model)
+    rows = []
+    for order in progress_bar(orders, desc="evaluate", unit="order", disable=not progress):
+        distilled = distilled_model(model, order, window, fits[order])
+        loss, reports = loss_of(distilled), [fit.report for fit in fits[order]]
+        errors = {name: max(report[name] for report in reports) for name in ("relative_l2", "relative_linf", "bound_vs_l1", "bound_vs_l2")}
+        rows.append(
+            {"order": order, "loss": loss, "exact_loss": exact, "loss_increase": loss / exact - 1.0, **errors,
+             "state_bytes": distilled.init_state(1).nbytes()}
+        )  # fmt: skip
+    return rows, fits
+
+
+def recommended_order(rows: list[dict], max_loss_increase: float) -> int:
+    """The smallest order of a sweep whose loss exceeds the exact model's by at most ``max_loss_increase``
+    (a fraction); ValueError naming the closest when none does."""
+    within = [row["order"] for row in rows if row["loss_increase"] <= max_loss_increase]
+    if within:
+        return min(within)
+    best = min(rows, key=lambda row: row["loss_increase"])
+    raise ValueError(
+        f"--max-loss-increase {max_loss_increase:.4%}: no order of {[row['order'] for row in rows]} keeps the loss within it; the "
+        f"closest, order {best['order']}, adds {best['loss_increase']:.4%}: give a larger budget, higher orders or a --window"
+    )

@@ -55,28 +55,49 @@ def hankel_singular_values(kernel: torch.Tensor) -> torch.Tensor:
     return torch.linalg.eigvalsh(hankel_matrices(kernel.double())).abs().sort(dim=-1, descending=True).values
 
 
-def balanced_modes(kernel: torch.Tensor, order: int) -> ModalFit:
-    """Balanced truncation of each channel of ``kernel`` (L, channels) to ``order`` modes, residues refitted
-    by least squares over the L lags (see the module docstring)."""
-    length, _ = kernel.shape
-    if not 1 <= order <= length:
-        raise ValueError(f"order must be between 1 and the kernel's {length} lags, got {order}")
+@dataclass
+class HankelSpectrum:
+    """Each channel's Hankel eigenpairs, ranked by |lambda| (the Hankel singular values) in decreasing order:
+    computed once, truncated at any order (``truncate``)."""
+
+    kernel: torch.Tensor  # (L, channels) float64
+    eigenvalues: torch.Tensor  # (channels, L)
+    vectors: torch.Tensor  # (channels, L, L), column i the eigenvector of eigenvalue i
+
+    @property
+    def singular_values(self) -> torch.Tensor:
+        return self.eigenvalues.abs()
+
+    def truncate(self, order: int) -> ModalFit:
+        """Balanced truncation to ``order`` modes, residues refitted by least squares over the L lags
+        (see the module docstring)."""
+        length = self.kernel.shape[0]
+        if not 1 <= order <= length:
+            raise ValueError(f"order must be between 1 and the kernel's {length} lags, got {order}")
+        sigma = self.singular_values
+        u = self.vectors[:, :, :order]  # (channels, L, N)
+        v = u * self.eigenvalues[:, None, :order].sign()
+        root = sigma[:, :order].clamp_min(torch.finfo(torch.float64).tiny).sqrt()
+        a = (u.transpose(1, 2) @ hankel_matrices(self.kernel, shift=1) @ v) / (root[:, :, None] * root[:, None, :])
+        b, c = root * v[:, 0], u[:, 0] * root
+        poles, modes = torch.linalg.eig(a)
+        residues = (c.to(modes.dtype)[:, None, :] @ modes)[:, 0] * torch.linalg.solve(modes, b.to(modes.dtype)[..., None])[..., 0]
+        poles = stable(poles)
+        residues = refit_residues(self.kernel, poles, residues)
+        return ModalFit(poles, residues, sigma, 2 * sigma[:, order:].sum(dim=-1))
+
+
+def hankel_spectrum(kernel: torch.Tensor) -> HankelSpectrum:
+    """The ranked eigendecomposition of each channel's Hankel matrix, from kernels (L, channels)."""
     kernel = kernel.double()
     eigenvalues, vectors = torch.linalg.eigh(hankel_matrices(kernel))
     ranked = eigenvalues.abs().argsort(dim=-1, descending=True)
-    sigma = eigenvalues.abs().gather(-1, ranked)
-    kept = ranked[:, :order]
-    u = vectors.gather(-1, kept[:, None, :].expand(-1, length, -1))  # (channels, L, N)
-    v = u * eigenvalues.gather(-1, kept).sign()[:, None, :]
-    root = sigma[:, :order].clamp_min(torch.finfo(torch.float64).tiny).sqrt()
-    shifted = hankel_matrices(kernel, shift=1)
-    a = (u.transpose(1, 2) @ shifted @ v) / (root[:, :, None] * root[:, None, :])
-    b, c = root * v[:, 0], u[:, 0] * root
-    poles, modes = torch.linalg.eig(a)
-    residues = (c.to(modes.dtype)[:, None, :] @ modes)[:, 0] * torch.linalg.solve(modes, b.to(modes.dtype)[..., None])[..., 0]
-    poles = stable(poles)
-    residues = refit_residues(kernel, poles, residues)
-    return ModalFit(poles, residues, sigma, 2 * sigma[:, order:].sum(dim=-1))
+    return HankelSpectrum(kernel, eigenvalues.gather(-1, ranked), vectors.gather(-1, ranked[:, None, :].expand_as(vectors)))
+
+
+def balanced_modes(kernel: torch.Tensor, order: int) -> ModalFit:
+    """Balanced truncation of each channel of ``kernel`` (L, channels) to ``order`` modes (``HankelSpectrum.truncate``)."""
+    return hankel_spectrum(kernel).truncate(order)
 
 
 def stable(poles: torch.Tensor) -> torch.Tensor:

@@ -18,11 +18,11 @@ import math
 
 import torch
 
-from .fft import spectral_dtype
 from .forms import returned
 from .toeplitz import toeplitz_matvec
 
 BLOCK = 512  # tokens of a chunk from a state whose powers are held at once
+GROUP_ROWS = 16384  # batch x tokens of a long chunk's blocks taken in one call
 
 
 def _check_modes(poles: torch.Tensor, residues: torch.Tensor) -> None:
@@ -70,22 +70,56 @@ def naive_modal(u: torch.Tensor, poles: torch.Tensor, residues: torch.Tensor, in
 def modal_chunk(u: torch.Tensor, state: torch.Tensor, poles: torch.Tensor, residues: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The recurrence over a chunk u (batch, k, channels) from ``state`` (batch, channels, N) complex:
     (y (batch, k, channels), the state after it), the chunk's own convolution by FFT plus the carried
-    state, in O(k d N + d k log k)."""
+    state, in O(k d N + d k log k). A long chunk (a prompt) goes ``BLOCK`` tokens at a time, many blocks
+    in one call (``_modal_blocks``)."""
     _check_modes(poles, residues)
     k, state = u.shape[1], state.to(poles.dtype)
-    if k > BLOCK:  # a long chunk (a prompt) block by block: powers of (channels, N, B + 1) at a time
-        outputs = []
-        for start in range(0, k, BLOCK):
-            y, state = modal_chunk(u[:, start : start + BLOCK], state, poles, residues)
-            outputs.append(y)
-        return torch.cat(outputs, dim=1), state
     if k == 1:  # one token (decoding): the recurrence itself
         state = poles * state + u[:, 0, :, None].to(poles.dtype)
         return (residues * state).sum(-1).real[:, None].to(u.dtype), state
+    if k <= BLOCK:
+        return _modal_block(u, state, poles, residues)
+    outputs, group = [], BLOCK * max(1, GROUP_ROWS // (BLOCK * u.shape[0]))
+    full = k - k % BLOCK
+    for start in range(0, full, group):
+        y, state = _modal_blocks(u[:, start : min(start + group, full)], state, poles, residues)
+        outputs.append(y)
+    if full < k:
+        y, state = _modal_block(u[:, full:], state, poles, residues)
+        outputs.append(y)
+    return torch.cat(outputs, dim=1), state
+
+
+def _modal_block(u: torch.Tensor, state: torch.Tensor, poles: torch.Tensor, residues: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``modal_chunk`` for one chunk of k <= BLOCK tokens: its powers p^0 .. p^k held at once."""
+    k = u.shape[1]
     powers = modal_powers(poles, k + 1)  # p^0 ... p^k, (channels, N, k + 1)
     kernel = torch.einsum("cj,cjl->lc", residues, powers[..., :k]).real
     carried = torch.einsum("cj,cjt,bcj->btc", residues, powers[..., 1:], state).real
     y = toeplitz_matvec(u, kernel.to(u.dtype), causal=True) + carried.to(u.dtype)
-    inputs = u.to(spectral_dtype(u.dtype)).to(poles.dtype)
-    new_state = powers[..., k] * state + torch.einsum("cjs,bsc->bcj", powers[..., :k].flip(-1), inputs)
-    return y, new_state
+    return y, powers[..., k] * state + _fed(u, powers[..., :k].flip(-1))
+
+
+def _fed(u: torch.Tensor, powers: torch.Tensor) -> torch.Tensor:
+    """sum_s powers[c, j, s] u[..., s, c] -> (..., channels, N): inputs carried to a block's end, as two real
+    contractions (the inputs are real)."""
+    real = u.to(powers.real.dtype)
+    return torch.complex(torch.einsum("cjs,...sc->...cj", powers.real, real), torch.einsum("cjs,...sc->...cj", powers.imag, real))
+
+
+def _modal_blocks(u: torch.Tensor, state: torch.Tensor, poles: torch.Tensor, residues: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``modal_chunk`` over q whole blocks u (batch, q BLOCK, channels) at once: every block's own convolution in
+    one FFT call, what each block's inputs add to the state at its end in one contraction, the states at the
+    blocks' starts by a scan over q (s_(j+1) = p^B s_j + fed_j), and each block's carried term from its start."""
+    batch, length, channels = u.shape
+    blocks = length // BLOCK
+    powers = modal_powers(poles, BLOCK + 1)  # the same for every block
+    kernel = torch.einsum("cj,cjl->lc", residues, powers[..., :BLOCK]).real
+    y = toeplitz_matvec(u.reshape(batch * blocks, BLOCK, channels), kernel.to(u.dtype), causal=True)
+    fed = _fed(u.reshape(batch, blocks, BLOCK, channels), powers[..., :BLOCK].flip(-1))  # (batch, q, channels, N)
+    starts = []
+    for block in range(blocks):
+        starts.append(state)
+        state = powers[..., BLOCK] * state + fed[:, block]
+    carried = torch.einsum("cj,cjt,bqcj->bqtc", residues, powers[..., 1:], torch.stack(starts, dim=1)).real
+    return (y.reshape(batch, blocks, BLOCK, channels) + carried.to(u.dtype)).reshape(batch, length, channels), state

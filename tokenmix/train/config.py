@@ -121,8 +121,6 @@ class TrainConfig:
                 f"last step and never reach lr. Give a shorter warmup, or leave it out (default: {DEFAULT_WARMUP} steps, "
                 "a ninth of a shorter run)"
             )
-        if self.init is not None and self.task == "lm":
-            raise ValueError("init starts a run from a pretrained model's weights to fine-tune it on a task: use it with task 'classify'")
         if self.seq_len < self.context_parallel:
             raise ValueError(f"seq_len={self.seq_len} gives fewer tokens than the {self.context_parallel} processes that would share them")
         if not isinstance(self.options, dict):

@@ -1,12 +1,14 @@
-"""Fine-tuning: a run that starts from a pretrained masked-LM's weights (``TrainConfig.init``).
+"""Fine-tuning: a run that starts from a pretrained model's weights (``TrainConfig.init``).
 
 ``tokenmix finetune RUN --data glue-sst2:DIR`` trains the model of ``RUN`` (its name, sizes,
 options and tokenizer) on a classification task with a new head: every weight but the head is
 loaded from ``RUN``, as BERT / RoBERTa fine-tuning does (Devlin et al., "BERT", arXiv 1810.04805,
 Section 3.2; the TNN paper's GLUE runs: Qin et al., "Toeplitz Neural Network for Sequence
 Modeling", arXiv 2305.04749, Section 4). ``RUN`` is a run directory, its ``checkpoint.pt``, or a
-``save_pretrained`` directory; it must be bidirectional (task "mlm"). The fine-tuned run reads
-its data with the pretrained model's tokenizer (kept in its checkpoint).
+``save_pretrained`` directory. A bidirectional model (task "mlm") is fine-tuned as a classifier; a
+causal language model (task "lm") goes on as one, on the data it was trained on unless told: a
+distilled model (``tokenmix distil``) recovers there what the distillation cost. The fine-tuned run
+reads its data with the pretrained model's tokenizer (kept in its checkpoint).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from .checkpoint import checkpoint_tokenizer, checkpoint_weights, load_checkpoin
 HEAD_PREFIX = "classifier."
 # Settings that come from the pretrained model (a fine-tuning run cannot change them).
 FROM_PRETRAINED = ("model", "dim", "depth", "tokenizer", "task", "init")
+FINETUNED_TASK = {"mlm": "classify", "lm": "lm"}  # the pretrained model's task -> the fine-tuning run's
 
 
 @dataclass
@@ -35,6 +38,7 @@ class Pretrained:
     config: ModelConfig
     weights: dict[str, torch.Tensor]
     tokenizer: Tokenizer
+    data: str | None = None  # what it was trained on, where its checkpoint says
 
 
 def read_pretrained(path) -> Pretrained:
@@ -56,23 +60,63 @@ def read_pretrained(path) -> Pretrained:
     if tokenizer is None:
         data = state["train_config"].get("data")
         raise ValueError(f"{str(path)!r} was trained on {data!r}, which is not text: nothing to fine-tune on text")
-    return Pretrained(model_config_of(state, file), checkpoint_weights(state, file), tokenizer)
+    return Pretrained(model_config_of(state, file), checkpoint_weights(state, file), tokenizer, state["train_config"].get("data"))
+
+
+def finetuned_task(pretrained: Pretrained, path) -> str:
+    """The task a fine-tuning run of ``pretrained`` (read from ``path``) trains: ValueError for a model it cannot start from."""
+    task = pretrained.config.task
+    if task not in FINETUNED_TASK:
+        raise ValueError(
+            f"fine-tuning starts from a masked LM (task mlm: a classifier follows) or a causal language model (task lm: it "
+            f"goes on as one); {str(path)!r} has task {task!r}"
+        )
+    return FINETUNED_TASK[task]
+
+
+def check_init_task(pretrained: Pretrained, path, task: str) -> None:
+    """ValueError unless a run of ``task`` may start from ``pretrained``'s weights (read from ``path``)."""
+    if finetuned_task(pretrained, path) != task:
+        raise ValueError(
+            f"init: a model pretrained with task {pretrained.config.task!r} ({str(path)!r}) is fine-tuned with task "
+            f"{finetuned_task(pretrained, path)!r}, not {task!r}"
+        )
+
+
+def finetune_data(pretrained: Pretrained, path, data: str | None) -> str:
+    """The data a fine-tuning run of ``pretrained`` reads: ``data`` if it suits the run's task, else for a causal
+    language model the data it was trained on; ValueError otherwise."""
+    from .objectives import objective_class
+
+    task = finetuned_task(pretrained, path)
+    if task == "classify":
+        if data is None:
+            raise ValueError("finetune needs --data: the classification task to fine-tune on, e.g. --data glue-sst2:DIR (docs/language.md)")
+        if task not in objective_class(data).tasks:
+            raise ValueError(
+                f"--data {data!r} is not a classification task; finetune trains a classifier from a masked LM: give glue-TASK:DIR, "
+                "listops, lra-text:DIR, lra-retrieval:DIR, lra-image:DIR, lra-pathfinder:DIR or shapes"
+            )
+        return data
+    data = data or pretrained.data
+    if data is None:
+        raise ValueError(f"finetune needs --data for the causal language model {str(path)!r}: its text (its checkpoint does not say)")
+    if task not in objective_class(data).tasks:
+        raise ValueError(f"--data {data!r}: a causal language model is fine-tuned on text (a .txt file, wikitext:DIR, shakespeare, ...)")
+    return data
 
 
 def finetune_settings(pretrained: Pretrained, path, given: dict) -> dict:
     """TrainConfig settings of a fine-tuning run of the model ``pretrained`` read from ``path``: its
-    model, task 'classify', and ``given`` (the flags) for the rest. ValueError for a model it cannot
+    model, its fine-tuning task, and ``given`` (the flags) for the rest. ValueError for a model it cannot
     fine-tune or a flag that would change the pretrained model."""
     config = pretrained.config
-    if config.task != "mlm":
-        raise ValueError(
-            f"fine-tuning starts from a bidirectional model pretrained with --task mlm; {str(path)!r} has task {config.task!r}"
-        )
+    task = finetuned_task(pretrained, path)
     fixed = sorted(key for key in FROM_PRETRAINED if key in given)
     if fixed:
         raise ValueError(f"{', '.join('--' + key for key in fixed)}: a fine-tuning run takes these from the pretrained model {str(path)!r}")
     options = {key: value for key, value in config.options.items() if key != "dropout"}  # --dropout applies
-    base = {"model": config.name, "dim": config.dim, "depth": config.depth, "task": "classify", "tokenizer": pretrained.tokenizer.name}
+    base = {"model": config.name, "dim": config.dim, "depth": config.depth, "task": task, "tokenizer": pretrained.tokenizer.name}
     return {**base, "init": str(path), **given, "options": {**options, **given.get("options", {})}}
 
 

@@ -47,7 +47,7 @@ from .checkpointing import CheckpointedRun, check_world_size
 from .config import DEFAULT_WARMUP, TrainConfig, parse_interval
 from .distributed import DistributedContext, check_launch, init_distributed
 from .evaluate import EVAL_BATCH, describe
-from .finetune import Pretrained, load_initial_weights, read_pretrained
+from .finetune import Pretrained, check_init_task, load_initial_weights, read_pretrained
 from .memory import GB, check_memory_fits, describe_memory, estimate_training_memory, peak_memory
 from .objectives import check_task, objective_for
 from .optim import build_optimizer
@@ -92,6 +92,7 @@ class Trainer(CheckpointedRun):
         saved = self._load_checkpoint() if resume else None
         if config.init is not None and not resume:  # ``pretrained``: config.init already read (tokenmix finetune)
             self.pretrained = pretrained or read_pretrained(config.init)
+            check_init_task(self.pretrained, config.init, config.task)
         else:
             self.pretrained = None
         # A resumed run reads its data with the tokenizer it was trained with (kept in the checkpoint), a
