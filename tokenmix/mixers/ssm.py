@@ -75,12 +75,16 @@ class Ssm(ToeplitzOperator, ChannelSliced, Mixer):
         return torch.polar(torch.sigmoid(logit), angle), torch.view_as_complex(self.residue[channels].double().contiguous())
 
     def _cached_modes(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``modes()`` outside autograd, computed again only when a parameter changes (in place or replaced): a
-        decoding step would otherwise spend a third of its time on the poles' sigmoid and polar form."""
-        key = tuple((parameter.data_ptr(), parameter._version) for parameter in (self.pole_logit, self.pole_angle, self.residue))
-        if getattr(self, "_modes_cache", (None,))[0] != key:
-            self._modes_cache = (key, self.modes())
-        return self._modes_cache[1]
+        """``modes()`` outside autograd, computed again only when a parameter's values change (a decoding step would
+        otherwise spend a third of its time on the poles' sigmoid and polar form; comparing values costs microseconds)."""
+        parameters = (self.pole_logit, self.pole_angle, self.residue)
+        cached = getattr(self, "_modes_cache", None)
+        same = cached is not None and all(
+            a.dtype == b.dtype and a.device == b.device and torch.equal(a, b) for a, b in zip(cached[0], parameters, strict=True)
+        )
+        if not same:
+            self._modes_cache = cached = (tuple(parameter.detach().clone() for parameter in parameters), self.modes())
+        return cached[1]
 
     def set_modes(self, poles: torch.Tensor, residues: torch.Tensor, taps: torch.Tensor | None = None) -> None:
         """Load fitted modes: poles (dim, order) complex with 0 < |p| < 1, residues (dim, order) complex, taps (dim, window)."""
