@@ -254,10 +254,17 @@ def bench_cases(args) -> list[Case]:
                 options = options_for(name, args.option)
                 variants = [("", options)] + (distilled_variants(name, options, dim, args.distilled) if kind == "generate" else [])
                 for length in lengths:
-                    batch = {"generate": args.generate_batch, "generate_mixer": 1}.get(kind) or batch_for(length, args.batch_tokens)
+                    batch = case_batch(kind, length, args)
                     for variant, chosen in variants:
                         cases.append(Case(kind, name, causal, length, dim, batch, args.dtype, args.device, chosen, limits, variant))
     return cases
+
+
+def case_batch(kind: str, length: int, args) -> int:
+    """Sequences per case: --generate-batch for a model's decoding, one for a mixer's, else ``batch_for``."""
+    if kind in GENERATE_KINDS:
+        return args.generate_batch if kind == "generate" else 1
+    return batch_for(length, args.batch_tokens)
 
 
 def distilled_variants(name: str, options: dict, dim: int, orders: list[int]) -> list[tuple[str, dict]]:
