@@ -308,6 +308,7 @@ def test_generate_run_writes_records_tables_and_plots(tmp_path, capsys, monkeypa
     for record in (tnn_8, tnn_16, xl_8):
         assert record["error"] is None and record["prefill_ms"] > 0 and record["step_ms"] > 0 and record["state_bytes"] > 0
     assert tnn_16["state_bytes"] > tnn_8["state_bytes"]
+    assert all(record["step_ratio"] > 0 for record in (tnn_8, tnn_16, xl_8)) and xl_16["step_ratio"] is None
     assert tnn_8["recompute_ratio"] == pytest.approx(tnn_8["recompute_ms"] / tnn_8["step_ms"]) and not tnn_8["recompute_skipped"]
     assert tnn_16["recompute_skipped"] and tnn_16["recompute_ms"] is None and tnn_16["error"] is None  # above --recompute-max
     assert xl_16["error"] == "RuntimeError: out of memory" and xl_16["step_ms"] is None
@@ -325,7 +326,8 @@ def test_generate_run_writes_records_tables_and_plots(tmp_path, capsys, monkeypa
     assert "](plots/decode.png)" in text and "tnn: not recomputed at positions 16 (above --recompute-max)." in text
     assert "transformer_xl generate (causal) at length 16 failed: RuntimeError: out of memory" in text
     out = capsys.readouterr().out
-    assert "recompute_ratio" in out and "direct_ratio" in out and f"1 of {4 + 2 * len(TAP_STREAMING)} cases failed" in out
+    assert all(column in out for column in ("recompute_ratio", "step_ratio", "direct_ratio"))
+    assert f"1 of {4 + 2 * len(TAP_STREAMING)} cases failed" in out
 
 
 def test_a_crashing_generate_worker_becomes_a_generate_record():

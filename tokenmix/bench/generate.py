@@ -3,7 +3,8 @@
 ``measure_generate``: one prefill call of P tokens builds the state at position P (timed once, after
 a stream of a few tokens has paid the process's first-call costs); single-token steps from it are
 timed (median after warm-up; each step moves the position on by one) against recomputing one
-forward over the P + 1 tokens without a state, where P <= recompute_max.
+forward over the P + 1 tokens without a state, where P <= recompute_max; the steps at P alternate with
+steps from a second state at position 256 (``step_ratio``: is a step's cost flat in the position?).
 Recurrent models (Transformer-XL, FNetAR-XL) stream with segments of ``GENERATE_SEGMENT`` tokens.
 
 ``measure_generate_mixer``: L inputs decoded one by one with the tiled ``mixer.step`` (relaxed
@@ -21,30 +22,40 @@ import torch
 from ..ops.online_toeplitz import naive_online_step
 from .cases import Case
 from .records import GenerateMeasurement, MixerGenerateMeasurement, identity
-from .timing import WARMUP, median_ms, sync, time_tokens
+from .timing import WARMUP, alternating_medians, median_ms, sync, time_tokens
+
+REFERENCE_POSITION = 256  # the position whose step each generate case's step is compared with (step_ratio)
 
 
 def measure_generate(case: Case, repeats: int = 7) -> GenerateMeasurement:
     model, tokens = case.build()  # (batch, P + 1)
     model.eval()
     device, position = tokens.device, case.length
+    reference = min(REFERENCE_POSITION, position)
     recompute = position <= case.limits.get("recompute_max", position)
     with torch.no_grad():
+
+        def empty(length: int):
+            return model.init_state(case.batch, max_length=length + WARMUP + repeats)
+
         model(tokens[:, :8], state=model.init_state(case.batch), return_state=True)  # first-call costs
-        state = model.init_state(case.batch, max_length=position + WARMUP + repeats)
+        state = empty(position)
         sync(device)
         start = time.perf_counter()
         _, state = model(tokens[:, :position], state=state, return_state=True)
         sync(device)
         prefill_ms = (time.perf_counter() - start) * 1e3
         state_bytes = state.nbytes()
-        next_token = tokens[:, position:]
+        states = [state, model(tokens[:, :reference], state=empty(reference), return_state=True)[1]]
+        next_tokens = [tokens[:, position:], tokens[:, reference : reference + 1]]
 
-        def step():
-            nonlocal state
-            _, state = model(next_token, state=state, return_state=True)
+        def stepper(index: int):
+            def step():
+                _, states[index] = model(next_tokens[index], state=states[index], return_state=True)
 
-        step_ms = median_ms(step, device, repeats)
+            return step
+
+        step_ms, reference_ms = alternating_medians([stepper(0), stepper(1)], device, repeats)
         recompute_ms = median_ms(lambda: model(tokens), device, repeats) if recompute else None
     return GenerateMeasurement(
         **identity(case, device),
@@ -54,6 +65,7 @@ def measure_generate(case: Case, repeats: int = 7) -> GenerateMeasurement:
         recompute_ms=recompute_ms,
         recompute_ratio=recompute_ms / step_ms if recompute else None,
         recompute_skipped=not recompute,
+        step_ratio=step_ms / reference_ms,
     )
 
 

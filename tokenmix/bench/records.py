@@ -60,6 +60,9 @@ class GenerateMeasurement(Record):
     recompute_ms: float | None  # one forward over P + 1 tokens without a state (median); None when skipped
     recompute_ratio: float | None  # recompute_ms / step_ms
     recompute_skipped: bool | None  # P above --recompute-max
+    # the median step at P over the median step at position REFERENCE_POSITION (or P if shorter), the two
+    # timed alternately in one process, so that a load that changes over minutes does not enter the ratio
+    step_ratio: float | None = None
 
 
 @dataclass(kw_only=True)

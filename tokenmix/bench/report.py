@@ -35,6 +35,8 @@ def table_columns(records: list[dict]) -> list[str]:
     columns = list(KIND_COLUMNS.get(records[0]["kind"] if records else "mixer", BASE_COLUMNS))
     if any(record.get("fft_floor_ms") is not None for record in records):
         columns += FLOOR_COLUMNS
+    if any(record.get("step_ratio") is not None for record in records):  # generate records from before it lack it
+        columns.insert(columns.index("step_ms") + 1, "step_ratio")
     if any(record.get("error") for record in records):
         columns.append("error")
     return columns

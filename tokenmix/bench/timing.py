@@ -32,6 +32,23 @@ def median_ms(function: Callable[[], object], device: torch.device, repeats: int
     return statistics.median(times)
 
 
+def alternating_medians(functions: list[Callable[[], object]], device: torch.device, repeats: int = 7, warmup: int = WARMUP) -> list[float]:
+    """Median wall time in milliseconds of each of ``functions``, called in turn ``repeats`` times (after ``warmup``
+    rounds): timed side by side, their ratio does not see a load that changes between rounds."""
+    for _ in range(warmup):
+        for function in functions:
+            function()
+    sync(device)
+    times = [[] for _ in functions]
+    for _ in range(repeats):
+        for function, kept in zip(functions, times, strict=True):
+            start = time.perf_counter()
+            function()
+            sync(device)
+            kept.append((time.perf_counter() - start) * 1e3)
+    return [statistics.median(kept) for kept in times]
+
+
 @dataclass
 class TokenTimes:
     """A token loop's timing: tokens done, their total time, the per-token time in each window, and
