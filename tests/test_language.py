@@ -216,6 +216,10 @@ def test_finetune_refuses_what_it_cannot_start_from(corpus, glue, tmp_path, caps
             main(["finetune", *arguments, "--out", str(tmp_path / "ft")])
         error = capsys.readouterr().err
         assert message in error and "--task" not in error  # finetune has no --task flag to suggest
+    with pytest.raises(SystemExit):  # a masked LM starts masked-LM or classification runs, not a causal LM
+        main(["train", "--data", corpus, *SIZES, "--steps", "1", "--init", str(masked), "--task", "lm", "--out", str(tmp_path / "x")])
+    error = capsys.readouterr().err
+    assert "init: a model pretrained with task 'mlm'" in error and "starts runs of task 'mlm' or 'classify', not 'lm'" in error
     with pytest.raises(SystemExit):
         main(["finetune", str(causal), "--model", "mega"])  # the model comes from the pretrained run: no such flag
     capsys.readouterr()

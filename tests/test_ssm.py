@@ -42,7 +42,7 @@ def test_a_long_prompt_in_one_chunk_is_the_loop():
     from tokenmix.ops.modal import BLOCK, GROUP_ROWS
 
     poles, residues = random_modes(3, 2, seed=7)
-    n = 2 * GROUP_ROWS // 2 + 3 * BLOCK + 17
+    n = GROUP_ROWS + 3 * BLOCK + 17  # at batch 2: two groups of GROUP_ROWS / 2 tokens, then a tail
     u = torch.randn(2, n, 3, dtype=torch.float64)
     start = torch.randn(2, 3, 4, dtype=torch.complex128)
     y, state = modal_chunk(u, start, poles, residues)
@@ -87,7 +87,7 @@ def test_ssm_streams_in_any_chunks_with_a_state_that_does_not_grow(window):
 
 def test_decoding_without_autograd_follows_every_change_of_the_modes():
     """Outside autograd the step keeps the poles' polar form between calls; changed modes (``set_modes``, a loaded
-    state dict, an optimiser's step, a move to another dtype) are used from the next step on."""
+    state dict, an optimiser's step, replaced data) are used from the next step on."""
     mixer = tokenmix.build_mixer("ssm", 3, causal=True, order=4).double()
     x = torch.randn(1, 20, 3, dtype=torch.float64)
 
@@ -266,8 +266,11 @@ def test_distil_sweeps_orders_within_a_loss_budget(tiny_runs, tmp_path, capsys):
     assert tokenmix.from_pretrained(out / "model").config.options["mixer"]["order"] == report["order"]
     assert [row["state_bytes"] for row in sweep] == sorted({row["state_bytes"] for row in sweep})  # grows with the order
     assert (out / "distil_sweep.png").stat().st_size > 0
-    two_orders = ["distil", str(tiny_runs["lm"]), "--order", "2,4", "--out", str(tmp_path / "x")]
-    assert "--order: give one order" in usage_error(two_orders, capsys)
+    distil = ["distil", str(tiny_runs["lm"]), "--out", str(tmp_path / "x")]
+    assert "--order: give one order" in usage_error([*distil, "--order", "2,4"], capsys)
+    assert "--eval-tokens belongs to a sweep" in usage_error([*distil, "--order", "2", "--eval-tokens", "64"], capsys)
+    too_wide = [*distil, "--max-loss-increase", "1", "--window", "64", "--horizon", "64"]
+    assert "--window 64 must be below --horizon 64" in usage_error(too_wide, capsys)
 
 
 def test_a_distilled_language_model_is_fine_tuned_on_its_own_text(tiny_runs, tmp_path):

@@ -251,7 +251,10 @@ class Percent(Number):
         return "a percentage >= 0, e.g. 0.5%"
 
     def parse(self, text: str) -> float:
-        return super().parse(text.removesuffix("%")) / 100
+        try:
+            return super().parse(text.removesuffix("%")) / 100
+        except ValueError:
+            raise ValueError(f"must be {self.describe()}, got {text!r}") from None
 
     def invalid(self) -> list[str]:
         return [*super().invalid(), "%", "1%%", "-0.5%"]

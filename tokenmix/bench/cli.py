@@ -270,6 +270,8 @@ def case_batch(kind: str, length: int, args) -> int:
 def distilled_variants(name: str, options: dict, dim: int, orders: list[int]) -> list[tuple[str, dict]]:
     """(variant, options) of model ``name`` with its Toeplitz mixers replaced by ``ssm`` mixers of each order (none
     where it has no Toeplitz mixer): the shapes ``tokenmix distil`` gives it, with their initial modes."""
+    if not orders:
+        return []
     exact = resolve_model_options(name, options, dim, GENERATE_DEPTH)
     replaced = {order: distilled_options(exact, order) for order in orders}
     return [(f"ssm {order}", tree) for order, tree in replaced.items() if tree != exact]
@@ -294,7 +296,7 @@ def check_cases(cases: list[Case]) -> None:
                     module(inputs)
         except (ValueError, TypeError) as error:
             raise ValueError(
-                f"{case.kind} {case.name!r} ({'causal' if case.causal else 'bidirectional'}) with options {case.options}: {error}"
+                f"{case.kind} {case.label!r} ({'causal' if case.causal else 'bidirectional'}) with options {case.options}: {error}"
             ) from None
 
 

@@ -326,12 +326,14 @@ KIND_TITLES = {
 }
 KIND_NOTES = {
     "generate": [
-        f"Causal LM models of depth {GENERATE_DEPTH}, batch 1. `length` is the position P: one prefill call of P random",
-        "tokens builds the state (`prefill_ms`, that one call) whose size is `state_bytes`; `step_ms` is the median",
-        "single-token step from it after warm-up (each step moves the position on by one); `recompute_ms` is the median",
-        "forward over the P + 1 tokens without a state, the cost of a next token without a cache, skipped above",
-        "--recompute-max; `recompute_ratio` = recompute_ms / step_ms. Recurrent (XL) models stream in segments of",
-        f"{GENERATE_SEGMENT} tokens.",
+        f"Causal LM models of depth {GENERATE_DEPTH}, `batch` sequences (--generate-batch). `length` is the position P:",
+        "one prefill call of P random tokens builds the state (`prefill_ms`, that one call) whose size is `state_bytes`;",
+        "`step_ms` is the median single-token step from it after warm-up (each step moves the position on by one);",
+        "`recompute_ms` is the median forward over the P + 1 tokens without a state, the cost of a next token without a",
+        "cache, skipped above --recompute-max; `recompute_ratio` = recompute_ms / step_ms. `step_ratio`: the step at P",
+        "over the step at position 256, the two timed alternately in one process. Rows 'NAME (ssm N)' (--distilled N):",
+        "the model with its Toeplitz mixers replaced by N-mode state spaces. Recurrent (XL) models stream in segments",
+        f"of {GENERATE_SEGMENT} tokens.",
     ],
     "generate_mixer": [
         "`length` L inputs decoded one by one, once per path: `tiled_s` by `mixer.step` (the tiled relaxed product,",

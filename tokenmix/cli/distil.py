@@ -72,6 +72,8 @@ def add_parser(subparsers) -> None:
 
 def _orders(args) -> list[int]:
     """The orders to fit: the one given, or with a budget the candidates (ValueError where they do not fit the flags)."""
+    if args.window >= args.horizon:
+        raise ValueError(f"--window {args.window} must be below --horizon {args.horizon}: the modes fit the lags past the window")
     if args.max_loss_increase is None:
         if args.order is None or len(args.order) != 1:
             raise ValueError("--order: give one order (e.g. --order 16), or several with --max-loss-increase to pick among them")
@@ -87,8 +89,9 @@ def run_distil(args) -> int:
         check_output_path(args.out, "--out", directory=True)
         check_output_path(args.json, "--json")
         check_output_path(args.plot, "--plot")
-        if args.plot is not None and args.max_loss_increase is None:
-            raise ValueError("--plot draws a sweep: give --max-loss-increase with it")
+        for flag, value in (("--plot", args.plot), ("--eval-tokens", args.eval_tokens)):
+            if value is not None and args.max_loss_increase is None:
+                raise ValueError(f"{flag} belongs to a sweep: give --max-loss-increase with it")
         out = Path(args.out)
         check_directory(out, args.overwrite)  # before the fit, which takes a while
         source = load_checkpoint(args.run)
@@ -110,8 +113,12 @@ def run_distil(args) -> int:
             sweep, all_fits = sweep_orders(model, orders, loss_of, args.window, args.horizon, progress=True)
             try:
                 order = recommended_order(sweep, args.max_loss_increase)
-            except ValueError:
-                print(sweep_table(sweep))  # what the sweep found, beside the refusal
+            except ValueError:  # what the sweep found is kept beside the refusal
+                print(sweep_table(sweep))
+                if args.json is not None:
+                    write_json_atomic(args.json, {**settings, "max_loss_increase": args.max_loss_increase, "sweep": sweep})
+                if args.plot is not None:
+                    _plot(sweep, args, args.plot)
                 raise
             fits = all_fits[order]
             settings = {**settings, "max_loss_increase": args.max_loss_increase, "eval_tokens": args.eval_tokens, "sweep": sweep}
@@ -132,12 +139,15 @@ def run_distil(args) -> int:
             write_json_atomic(file, report)
     print(distil_report(report))
     if sweep is not None:
-        from ..plots import plot_distil_sweep
-
-        plot = plot_distil_sweep(sweep, args.max_loss_increase, args.plot or out / SWEEP_PLOT, title=f"{args.run}: distilled at each order")
-        print(f"the sweep: {plot}")
+        print(f"the sweep: {_plot(sweep, args, args.plot or out / SWEEP_PLOT)}")
     print(f"wrote {out}: compare with `tokenmix eval {args.run} {out} --split val`")
     return 0
+
+
+def _plot(sweep: list[dict], args, path) -> Path:
+    from ..plots import plot_distil_sweep
+
+    return plot_distil_sweep(sweep, args.max_loss_increase, path, title=f"{args.run}: distilled at each order")
 
 
 def distil_report(report: dict) -> str:

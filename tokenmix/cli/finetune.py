@@ -66,5 +66,9 @@ def run_finetune(args) -> int:
 
 
 def _causal_defaults(pretrained) -> dict:
-    """A causal LM goes on with its own dropout (the classifier recipe's 0.1 would change the model it recovers)."""
-    return {"dropout": pretrained.config.options.get("dropout", 0.0)} if pretrained.config.task == "lm" else {}
+    """A causal LM goes on with its own dropout (the classifier recipe's 0.1 would change the model it recovers), sequence
+    length and batch size, where its checkpoint has them."""
+    if pretrained.config.task != "lm":
+        return {}
+    kept = {key: pretrained.settings[key] for key in ("seq_len", "batch_size") if key in pretrained.settings}
+    return {"dropout": pretrained.config.options.get("dropout", 0.0), **kept}

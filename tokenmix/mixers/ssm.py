@@ -75,15 +75,19 @@ class Ssm(ToeplitzOperator, ChannelSliced, Mixer):
         return torch.polar(torch.sigmoid(logit), angle), torch.view_as_complex(self.residue[channels].double().contiguous())
 
     def _cached_modes(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``modes()`` outside autograd, computed again only when a parameter's values change (a decoding step would
-        otherwise spend a third of its time on the poles' sigmoid and polar form; comparing values costs microseconds)."""
+        """``modes()`` outside autograd, computed again only when a parameter is changed in place (its version) or
+        replaced (its storage): a decoding step would otherwise spend a third of its time on the poles' polar form.
+        The cache holds the parameters it was made from, so their storage cannot be reused by another tensor."""
         parameters = (self.pole_logit, self.pole_angle, self.residue)
+        key = [(parameter.detach(), parameter._version) for parameter in parameters]
         cached = getattr(self, "_modes_cache", None)
         same = cached is not None and all(
-            a.dtype == b.dtype and a.device == b.device and torch.equal(a, b) for a, b in zip(cached[0], parameters, strict=True)
-        )
+            kept.data_ptr() == parameter.data_ptr() and kept.dtype == parameter.dtype and kept.device == parameter.device
+            and version == parameter._version
+            for (kept, version), parameter in zip(cached[0], parameters, strict=True)
+        )  # fmt: skip
         if not same:
-            self._modes_cache = cached = (tuple(parameter.detach().clone() for parameter in parameters), self.modes())
+            self._modes_cache = cached = (key, self.modes())
         return cached[1]
 
     def set_modes(self, poles: torch.Tensor, residues: torch.Tensor, taps: torch.Tensor | None = None) -> None:

@@ -64,8 +64,12 @@ def fit_kernel(kernel: torch.Tensor, orders: Sequence[int], window: int) -> list
     """For each order: (the ``ssm``'s modes and taps, the fit's errors per channel), for kernels (horizon, channels).
     Each block of channels' Hankel matrices is decomposed once for every order."""
     kernel = kernel.double()
-    blocks = [hankel_spectrum(kernel[window:, start : start + CHANNEL_BLOCK]) for start in range(0, kernel.shape[1], CHANNEL_BLOCK)]
-    return [_fit_order([spectrum.truncate(order) for spectrum in blocks], kernel, window) for order in orders]
+    fits = {order: [] for order in orders}
+    for start in range(0, kernel.shape[1], CHANNEL_BLOCK):  # one block's (L, L) matrices held at a time
+        spectrum = hankel_spectrum(kernel[window:, start : start + CHANNEL_BLOCK])
+        for order in orders:
+            fits[order].append(spectrum.truncate(order))
+    return [_fit_order(fits[order], kernel, window) for order in orders]
 
 
 def _fit_order(fits: list, kernel: torch.Tensor, window: int) -> tuple[dict, dict]:

@@ -63,6 +63,7 @@ class HankelSpectrum:
     kernel: torch.Tensor  # (L, channels) float64
     eigenvalues: torch.Tensor  # (channels, L)
     vectors: torch.Tensor  # (channels, L, L), column i the eigenvector of eigenvalue i
+    shifted: torch.Tensor  # (channels, L, L): the Hankel matrices of g_1, g_2, ...
 
     @property
     def singular_values(self) -> torch.Tensor:
@@ -78,7 +79,7 @@ class HankelSpectrum:
         u = self.vectors[:, :, :order]  # (channels, L, N)
         v = u * self.eigenvalues[:, None, :order].sign()
         root = sigma[:, :order].clamp_min(torch.finfo(torch.float64).tiny).sqrt()
-        a = (u.transpose(1, 2) @ hankel_matrices(self.kernel, shift=1) @ v) / (root[:, :, None] * root[:, None, :])
+        a = (u.transpose(1, 2) @ self.shifted @ v) / (root[:, :, None] * root[:, None, :])
         b, c = root * v[:, 0], u[:, 0] * root
         poles, modes = torch.linalg.eig(a)
         residues = (c.to(modes.dtype)[:, None, :] @ modes)[:, 0] * torch.linalg.solve(modes, b.to(modes.dtype)[..., None])[..., 0]
@@ -92,7 +93,8 @@ def hankel_spectrum(kernel: torch.Tensor) -> HankelSpectrum:
     kernel = kernel.double()
     eigenvalues, vectors = torch.linalg.eigh(hankel_matrices(kernel))
     ranked = eigenvalues.abs().argsort(dim=-1, descending=True)
-    return HankelSpectrum(kernel, eigenvalues.gather(-1, ranked), vectors.gather(-1, ranked[:, None, :].expand_as(vectors)))
+    vectors = vectors.gather(-1, ranked[:, None, :].expand_as(vectors))
+    return HankelSpectrum(kernel, eigenvalues.gather(-1, ranked), vectors, hankel_matrices(kernel, shift=1))
 
 
 def balanced_modes(kernel: torch.Tensor, order: int) -> ModalFit:

@@ -79,7 +79,7 @@ def modal_chunk(u: torch.Tensor, state: torch.Tensor, poles: torch.Tensor, resid
         return (residues * state).sum(-1).real[:, None].to(u.dtype), state
     if k <= BLOCK:
         return _modal_block(u, state, poles, residues)
-    outputs, group = [], BLOCK * max(1, GROUP_ROWS // (BLOCK * u.shape[0]))
+    outputs, group = [], BLOCK * max(1, GROUP_ROWS // (BLOCK * max(1, u.shape[0])))
     full = k - k % BLOCK
     for start in range(0, full, group):
         y, state = _modal_blocks(u[:, start : min(start + group, full)], state, poles, residues)

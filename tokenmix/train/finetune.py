@@ -13,7 +13,7 @@ reads its data with the pretrained model's tokenizer (kept in its checkpoint).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -38,7 +38,7 @@ class Pretrained:
     config: ModelConfig
     weights: dict[str, torch.Tensor]
     tokenizer: Tokenizer
-    data: str | None = None  # what it was trained on, where its checkpoint says
+    settings: dict = field(default_factory=dict)  # its training settings (data, seq_len, ...), where its checkpoint has them
 
 
 def read_pretrained(path) -> Pretrained:
@@ -60,7 +60,7 @@ def read_pretrained(path) -> Pretrained:
     if tokenizer is None:
         data = state["train_config"].get("data")
         raise ValueError(f"{str(path)!r} was trained on {data!r}, which is not text: nothing to fine-tune on text")
-    return Pretrained(model_config_of(state, file), checkpoint_weights(state, file), tokenizer, state["train_config"].get("data"))
+    return Pretrained(model_config_of(state, file), checkpoint_weights(state, file), tokenizer, dict(state["train_config"]))
 
 
 def finetuned_task(pretrained: Pretrained, path) -> str:
@@ -75,11 +75,13 @@ def finetuned_task(pretrained: Pretrained, path) -> str:
 
 
 def check_init_task(pretrained: Pretrained, path, task: str) -> None:
-    """ValueError unless a run of ``task`` may start from ``pretrained``'s weights (read from ``path``)."""
-    if finetuned_task(pretrained, path) != task:
+    """ValueError unless a run of ``task`` may start from ``pretrained``'s weights (read from ``path``): its own task
+    (more of the same training) or the one it is fine-tuned to (``FINETUNED_TASK``)."""
+    allowed = list(dict.fromkeys([pretrained.config.task, FINETUNED_TASK.get(pretrained.config.task, pretrained.config.task)]))
+    if task not in allowed:
         raise ValueError(
-            f"init: a model pretrained with task {pretrained.config.task!r} ({str(path)!r}) is fine-tuned with task "
-            f"{finetuned_task(pretrained, path)!r}, not {task!r}"
+            f"init: a model pretrained with task {pretrained.config.task!r} ({str(path)!r}) starts runs of task "
+            f"{' or '.join(map(repr, allowed))}, not {task!r}"
         )
 
 
@@ -98,9 +100,11 @@ def finetune_data(pretrained: Pretrained, path, data: str | None) -> str:
                 "listops, lra-text:DIR, lra-retrieval:DIR, lra-image:DIR, lra-pathfinder:DIR or shapes"
             )
         return data
-    data = data or pretrained.data
+    data = data or pretrained.settings.get("data")
     if data is None:
-        raise ValueError(f"finetune needs --data for the causal language model {str(path)!r}: its text (its checkpoint does not say)")
+        raise ValueError(
+            f"finetune needs --data for the causal language model {str(path)!r}: its text (the model does not say what it was trained on)"
+        )
     if task not in objective_class(data).tasks:
         raise ValueError(f"--data {data!r}: a causal language model is fine-tuned on text (a .txt file, wikitext:DIR, shakespeare, ...)")
     return data
