@@ -375,11 +375,15 @@ def test_generate_cases_and_their_defaults():
 
 def test_distilled_variants_decode_beside_the_exact_models(monkeypatch, tmp_path):
     """``--distilled N`` adds, for each model with Toeplitz mixers, the model with ``ssm`` mixers of order N (its rows
-    "NAME (ssm N)", a state that does not grow); ``--generate-batch`` decodes that many sequences at once."""
+    "NAME (ssm N)", a state that does not grow), and the ssm mixer decoded beside the Toeplitz mixers; ``--generate-batch``
+    decodes that many sequences at once."""
     monkeypatch.setattr(bench_cli, "run_in_subprocess", lambda case, repeats, threads, profile: measure(case, repeats))
     output = tmp_path / "bench.json"
     flags = ["--models", "tnn,mega", "--distilled", "4", "--generate-batch", "3", "--lengths", "8,32", "--stream-lengths", "8"]
     assert main(["bench", *GENERATE_SIZES, *flags, "--mixers", "tno", "--output", str(output)]) == 0
+    mixers = [r for r in json.loads(output.read_text()) if r["kind"] == "generate_mixer"]
+    assert [(r["mixer"], r["length"]) for r in mixers] == [("tno", 8), ("ssm (order 4)", 8)]  # the recurrence beside the tiled product
+    assert all(r["direct_finished"] and r["max_abs_diff"] < 1e-4 for r in mixers)
     records = [r for r in json.loads(output.read_text()) if r["kind"] == "generate"]
     expected = [("tnn", 8), ("tnn (ssm 4)", 8), ("tnn", 32), ("tnn (ssm 4)", 32), ("mega", 8), ("mega", 32)]  # mega has no Toeplitz mixer
     assert [(r["mixer"], r["length"]) for r in records] == expected

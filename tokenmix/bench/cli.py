@@ -130,7 +130,8 @@ def add_bench(subparsers) -> None:
         default=[],
         metavar="ORDERS",
         help="--kinds generate: also decode each causal Toeplitz model with its Toeplitz mixers replaced by diagonal state spaces "
-        "of these orders (`tokenmix distil`'s models; their rows say 'ssm N'), e.g. 16",
+        "of these orders (`tokenmix distil`'s models; their rows say 'ssm N'), and the ssm mixer of each order beside the "
+        "Toeplitz mixers, e.g. 16",
     )
     parser.add_argument(
         "--generate-batch",
@@ -257,6 +258,9 @@ def bench_cases(args) -> list[Case]:
                     batch = case_batch(kind, length, args)
                     for variant, chosen in variants:
                         cases.append(Case(kind, name, causal, length, dim, batch, args.dtype, args.device, chosen, limits, variant))
+        if kind == "generate_mixer":  # the distilled models' mixer beside the Toeplitz ones, at the same width and lengths
+            for order, length in ((order, length) for order in args.distilled for length in lengths):
+                cases.append(Case(kind, "ssm", True, length, dim, 1, args.dtype, args.device, {"order": order}, limits, f"order {order}"))
     return cases
 
 

@@ -7,9 +7,9 @@ forward over the P + 1 tokens without a state, where P <= recompute_max; the ste
 steps from a second state at position 256 (``step_ratio``: is a step's cost flat in the position?).
 Recurrent models (Transformer-XL, FNetAR-XL) stream with segments of ``GENERATE_SEGMENT`` tokens.
 
-``measure_generate_mixer``: L inputs decoded one by one with the tiled ``mixer.step`` (relaxed
-products by FFT) and with the direct product over the whole history (``naive_online_step``), each
-once, timed in windows of doubling length. The taps of both are computed before the clock starts;
+``measure_generate_mixer``: L inputs decoded one by one with ``mixer.step`` (a Toeplitz mixer's tiled
+relaxed products by FFT; the ``ssm``'s recurrence) and with the direct product over the whole history
+(``naive_online_step``), each once, timed in windows of doubling length. The taps of both are computed before the clock starts;
 the direct run stops after ``direct_max_seconds`` and says how far it got.
 """
 

@@ -337,10 +337,11 @@ KIND_NOTES = {
     ],
     "generate_mixer": [
         "`length` L inputs decoded one by one, once per path: `tiled_s` by `mixer.step` (the tiled relaxed product,",
-        "O(L log^2 L) in all), `direct_s` by the direct product over the whole history (`naive_online_step`, O(L^2)),",
-        "the taps of both computed before the clock starts. The direct run stops at --direct-max-seconds:",
-        "`direct_tokens` says how far it got; `direct_ratio` = direct_s / tiled_s where it finished. `max_abs_diff`:",
-        "the largest difference of the two paths' outputs at the ends of the windows both timed.",
+        "O(L log^2 L) in all; for 'ssm (order N)', --distilled N, the recurrence, O(L N)), `direct_s` by the direct",
+        "product over the whole history (`naive_online_step`, O(L^2)), the taps of both computed before the clock",
+        "starts. The direct run stops at --direct-max-seconds: `direct_tokens` says how far it got; `direct_ratio` =",
+        "direct_s / tiled_s where it finished. `max_abs_diff`: the largest difference of the two paths' outputs at the",
+        "ends of the windows both timed.",
     ],
 }
 
