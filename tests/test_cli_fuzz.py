@@ -32,6 +32,7 @@ VALID = {
     "export-hf": (["{lm}", "{fresh}"], []),
     "distil": (["{lm}"], ["--order", "2", "--horizon", "8", "--out", "{fresh}"]),
     "convert-checkpoint": (["{format1}"], ["--trust"]),
+    "serve": (["{lm}"], ["--port", "0", "--max-tokens", "8", "--max-prompt-tokens", "8"]),  # each case fails before it listens
     "bench": ([], ["--mixers", "tno", "--kinds", "mixer", "--lengths", "8", "--dim", "8", "--repeats", "1", "--causal", "no"]),
     "compare": (["{bench}", "{bench}"], []),
 }

@@ -20,3 +20,10 @@ def test_tokenmix_imports_trains_and_explains_the_hf_extra_without_transformers(
     )
     assert 'hf: tokenmix.hf needs Hugging Face transformers: pip install "tokenmix[hf]"' in result.stdout
     assert result.returncode == 2 and 'error: tokenmix.hf needs Hugging Face transformers: pip install "tokenmix[hf]"' in result.stderr
+
+
+def test_serve_explains_its_extra_without_fastapi(tiny_runs):
+    code = "import sys\nsys.modules['fastapi'] = None  # as if it were not installed\nimport tokenmix.cli\n"
+    code += f"tokenmix.cli.main(['serve', {str(tiny_runs['lm'])!r}])\n"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and 'error: tokenmix serve needs its optional extra: pip install "tokenmix[serve]"' in result.stderr

@@ -61,6 +61,37 @@ def test_mixer_streaming_with_padding_equals_forward(name):
         assert relative_error(y, module(x, mask)) <= 1e-10
 
 
+def front_padded(step, x: torch.Tensor, pad: int, init, pad_value):
+    """The outputs at x's tokens of a stream that starts with ``pad`` masked positions (``pad_value``),
+    prefilled in one call and then stepped one token at a time."""
+    padded = torch.cat([torch.full_like(x[:, :1], pad_value).expand(-1, pad, *x.shape[2:]), x], dim=1)
+    mask = torch.arange(padded.shape[1]).expand(x.shape[0], -1) >= pad
+    half = pad + max(1, x.shape[1] // 2)
+    chunks = [slice(0, half)] + [slice(t, t + 1) for t in range(half, padded.shape[1])]
+    outputs, state = streamed(step, padded, chunks, init(), mask)
+    return outputs[:, pad:]
+
+
+def front_padding_cases(period: int | None) -> list[tuple[int, bool]]:
+    """(padding, whether it must leave the outputs): multiples of the period must; with a period past 1,
+    one position less should not (else the declared period is larger than needed)."""
+    if period is None:
+        return []
+    return [(period, True), (3 * period, True)] + ([(period - 1, False)] if period > 1 else [])
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_a_stream_padded_in_front_by_whole_periods_gives_the_stream_alone(name):
+    """``Mixer.front_padding_period``: fails if a mixer declares a period its stream does not keep."""
+    module = causal_mixer(name, torch.float64)
+    x = torch.randn(2, 20, module.dim, dtype=torch.float64)
+    with torch.no_grad():
+        alone, _ = streamed(module.step, x, prompt_then_tokens(20), module.init_state(2, dtype=torch.float64, max_length=128))
+        for pad, keeps in front_padding_cases(module.front_padding_period):
+            padded = front_padded(module.step, x, pad, lambda: module.init_state(2, dtype=torch.float64, max_length=128), 7.0)
+            assert (relative_error(padded, alone) <= 1e-10) == keeps, pad
+
+
 @pytest.mark.parametrize("name", CAUSAL)
 def test_a_prefill_leaves_the_state_that_single_steps_leave(name):
     module = causal_mixer(name, torch.float64)
@@ -167,6 +198,20 @@ def test_model_streaming_with_padding_equals_forward(name):
 
 
 @pytest.mark.parametrize("name", LM_MODELS)
+def test_a_model_stream_padded_in_front_by_whole_periods_gives_the_stream_alone(name):
+    """``SequenceModel.front_padding_period``, the model's least common period of its blocks'."""
+    network = model(name).double().eval()
+    tokens = torch.randint(0, 20, (2, 20))
+    with torch.no_grad():
+        alone, _ = streamed(model_step(network), tokens, prompt_then_tokens(20), network.init_state(2, max_length=128))
+        for pad, keeps in front_padding_cases(network.front_padding_period):
+            padded = front_padded(model_step(network), tokens, pad, lambda: network.init_state(2, max_length=128), 3)
+            assert (relative_error(padded, alone) <= 1e-10) == keeps, pad
+    declared = {"tnn": 1, "mega": 8, "tcnca": 8, "transformer_xl": None}  # a few the others' reading confirms
+    assert declared.get(name, network.front_padding_period) == network.front_padding_period
+
+
+@pytest.mark.parametrize("name", LM_MODELS)
 def test_greedy_cached_generation_equals_recompute_and_batching_changes_nothing(name):
     network = model(name).double()
     prompts = [torch.randint(0, 20, (size,)) for size in (3, 11, 1)]
@@ -174,6 +219,16 @@ def test_greedy_cached_generation_equals_recompute_and_batching_changes_nothing(
     for prompt, new in zip(prompts, batched, strict=True):
         assert torch.equal(new, naive_generate(network, prompt, 30))
         assert torch.equal(new, tokenmix.generate(network, [prompt], 30, temperature=0)[0])
+
+
+def test_generate_reads_prompts_of_any_integer_dtype():
+    """A byte tokenizer encodes to uint8, whose comparisons wrap (256 reads as 0 there)."""
+    network = model("tnn").eval()
+    prompt = torch.tensor([3, 11, 19])
+    expected = tokenmix.generate(network, [prompt], 5, temperature=0)[0]
+    assert torch.equal(tokenmix.generate(network, [prompt.to(torch.uint8)], 5, temperature=0)[0], expected)
+    with pytest.raises(ValueError, match=r"range \[3, 300\]"):
+        network(torch.tensor([[3, 300]], dtype=torch.int16))
 
 
 @pytest.mark.parametrize("name", LM_MODELS)
@@ -192,7 +247,7 @@ def test_a_rows_sample_depends_on_the_seed_and_its_row_only(name):
 
 
 @pytest.mark.parametrize("name", LM_MODELS)
-def test_a_model_state_moves_selects_rows_and_reports_its_size(name):
+def test_a_model_state_moves_selects_and_joins_rows_and_reports_its_size(name):
     network = model(name).double().eval()
     tokens = torch.randint(0, 20, (3, 12))
     with torch.no_grad():
@@ -200,6 +255,12 @@ def test_a_model_state_moves_selects_rows_and_reports_its_size(name):
         kept = state.select([2, 0])
         logits, _ = network(tokens[[2, 0], 10:], state=kept.to("cpu"), return_state=True)
         assert relative_error(logits, network(tokens[[2, 0]])[:, 10:]) <= 1e-10
+        joined = type(state).concat([state.select([1]), kept])  # rows streamed apart, decoded as one batch
+        logits, _ = network(tokens[[1, 2, 0], 10:], state=joined, return_state=True)
+        assert relative_error(logits, network(tokens[[1, 2, 0]])[:, 10:]) <= 1e-10
+        _, later = network(tokens[:1, 10:11], state=state.select([0]), return_state=True)
+        with pytest.raises(ValueError, match="position"):
+            type(state).concat([state.select([0]), later])  # streams at different positions cannot share a batch
     assert state.nbytes() > 0 and kept.batch_size == 2
 
 

@@ -260,6 +260,30 @@ class Percent(Number):
         return [*super().invalid(), "%", "1%%", "-0.5%"]
 
 
+class ByteSize(Kind):
+    """A number of bytes: ``2GB``, ``512MB``, ``1.5GiB``, ``64KiB`` or plain bytes (decimal units are powers
+    of 1000, binary ones of 1024), held as an int >= 1."""
+
+    UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+    def describe(self) -> str:
+        return "a size in bytes, e.g. 2GB, 512MiB or 1000000"
+
+    def parse(self, text: str) -> int:
+        number = text.strip().rstrip("bBiIkKmMgGtT")
+        unit = text.strip()[len(number) :].upper()
+        try:
+            size = int(float(number) * self.UNITS[unit])
+        except (KeyError, ValueError, OverflowError):
+            raise ValueError(f"must be {self.describe()}, got {text!r}") from None
+        if not 1 <= size < 2**63:
+            raise ValueError(f"must be {self.describe()} (at least 1 byte), got {text!r}")
+        return size
+
+    def invalid(self) -> list[str]:
+        return ["", "GB", "2XB", "-1GB", "0", "nan", "1e400GB"]
+
+
 class Text(Kind):
     """Any text but the empty one."""
 

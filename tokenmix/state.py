@@ -114,6 +114,24 @@ class StreamState:
             raise ValueError(f"index must hold row numbers in [0, {size}), got {index.tolist()}")
         return _map(self, lambda tensor: tensor.index_select(0, index.to(tensor.device)))
 
+    @classmethod
+    def concat(cls: type[S], states: list[S]) -> S:
+        """One state holding the rows of ``states`` in order (the inverse of ``select``): states of this
+        class whose every non-tensor field (position, horizon, segment length...) is equal; ValueError
+        naming the first field that differs. Continuous batching adds a new stream to a batch this way."""
+        if not states or any(type(state) is not cls for state in states):
+            raise ValueError(f"concat needs a non-empty list of {cls.__name__}s, got {[type(state).__name__ for state in states]}")
+        return _concat(states, cls.__name__, None)
+
+    @classmethod
+    def concat_tensors(cls, name: str, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """Field ``name``'s tensors joined along the batch: they must agree past it (a class whose
+        fields have a capacity that grows on its own, such as the online product's, widens them first)."""
+        shapes = {tuple(tensor.shape[1:]) for tensor in tensors}
+        if len(shapes) > 1:
+            raise ValueError(f"{cls.__name__}.{name} has shapes {sorted(shapes)} past the batch: streams at different positions?")
+        return torch.cat(tensors)
+
     def nbytes(self) -> int:
         """Bytes held by the state's tensors."""
         return sum(tensor.numel() * tensor.element_size() for tensor in _tensors(self))
@@ -130,6 +148,34 @@ class StreamState:
     def floating_dtypes(self) -> set[torch.dtype]:
         """The dtypes of the state's floating point tensors."""
         return {tensor.dtype for tensor in _tensors(self) if tensor.is_floating_point()}
+
+
+def _concat(values: list, where: str, join):
+    """``values`` (one per state, alike) as one: tensors by ``join``, states field by field, lists item by
+    item; anything else must be equal."""
+    first = values[0]
+    if isinstance(first, torch.Tensor):
+        return join(values)
+    if isinstance(first, StreamState):
+        if any(type(value) is not type(first) for value in values):
+            raise ValueError(f"{where} holds states of classes {sorted({type(value).__name__ for value in values})}")
+        return type(first)(
+            **{
+                f.name: _concat(
+                    [getattr(value, f.name) for value in values],
+                    f"{where}.{f.name}",
+                    lambda tensors, name=f.name: type(first).concat_tensors(name, tensors),
+                )
+                for f in dataclasses.fields(first)
+            }
+        )
+    if isinstance(first, (list, tuple)):
+        if any(not isinstance(value, type(first)) or len(value) != len(first) for value in values):
+            raise ValueError(f"{where} holds lists of different lengths")
+        return type(first)(_concat([value[index] for value in values], f"{where}[{index}]", join) for index in range(len(first)))
+    if any(value != first for value in values):
+        raise ValueError(f"{where} differs between the states ({sorted({repr(value) for value in values})}): they cannot share a batch")
+    return first
 
 
 def check_state(state, expected: type[StreamState], batch_size: int | None, dtype: torch.dtype | None, owner: str) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..mixers.base import common_padding_sides
+from ..mixers.base import common_front_padding_period, common_padding_sides
 from ..state import StreamState, check_state
 from ..validation import check_int
 
@@ -62,6 +62,11 @@ class StreamingBlock:
     def padding_invariant_sides(self) -> tuple[str, ...]:
         """The sides every part mixing tokens declares (the rest of the body works token by token)."""
         return common_padding_sides(self.stream_parts())
+
+    @property
+    def front_padding_period(self) -> int | None:
+        """The least period every part keeps (``Mixer.front_padding_period``)."""
+        return common_front_padding_period(self.stream_parts())
 
     def init_state(self, batch_size: int, *, max_length: int | None = None, device=None, dtype: torch.dtype | None = None) -> BlockState:
         """Every part's empty state."""

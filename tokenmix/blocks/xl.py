@@ -92,6 +92,8 @@ class XlBlock(Configurable, nn.Module):
         """Its mixer's (the norms and the FFN work token by token)."""
         return self.mixer.padding_invariant_sides
 
+    front_padding_period = None  # padded segments would become memory, and memory keeps no padding mask
+
     def init_state(self, batch_size: int, *, max_length: int | None = None, device=None, dtype: torch.dtype | None = None) -> XlState:
         """An empty memory and segment, segments of ``segment_length``."""
         check_int(batch_size, "batch_size", minimum=0)

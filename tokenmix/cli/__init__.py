@@ -1,4 +1,4 @@
-"""``tokenmix`` command line: train, finetune, eval, generate, plot, recipes, export-hf, bench, compare.
+"""``tokenmix`` command line: train, finetune, eval, generate, distil, serve, plot, recipes, export-hf, bench, compare.
 
 Each command reads and checks its input (arguments, data, checkpoints) inside ``user_input()``:
 a problem there is reported in one line (exit status 2). Errors after that are bugs and keep
@@ -17,10 +17,11 @@ from ..mixers.registry import list_mixers
 from ..models.registry import list_models
 from ..runtime import retain_freed_memory
 from ..version import __version__
-from . import convert_checkpoint, distil, evaluate, export_hf, finetune, generate, plot, recipes, train
+from . import convert_checkpoint, distil, evaluate, export_hf, finetune, generate, plot, recipes, serve, train
 from .common import INTERRUPTED_STATUS, Parser
 
-COMMANDS = (train, finetune, evaluate, generate, distil, plot, recipes, export_hf, convert_checkpoint)  # in the order --help lists them
+# in the order --help lists them
+COMMANDS = (train, finetune, evaluate, generate, distil, serve, plot, recipes, export_hf, convert_checkpoint)
 
 
 def build_parser() -> argparse.ArgumentParser:

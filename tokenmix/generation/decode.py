@@ -35,7 +35,7 @@ def _check_options(model, prompts, max_new_tokens, rows) -> tuple[list[torch.Ten
     rows = list(range(len(prompts))) if rows is None else list(rows)
     if len(rows) != len(prompts) or any(isinstance(row, bool) or not isinstance(row, int) or row < 0 for row in rows):
         raise ValueError(f"rows must be one non-negative row number per prompt ({len(prompts)}), got {rows!r}")
-    return list(prompts), rows
+    return [prompt.long() for prompt in prompts], rows  # the tokenizer's uint8 ids included
 
 
 @torch.no_grad()
@@ -53,6 +53,7 @@ def generate(
     on_token: Callable[[int, int], None] | None = None,
     tokenizer: Tokenizer | None = None,
     progress: bool = False,
+    max_length: int | None = None,
 ) -> list[torch.Tensor]:
     """The new token ids of each prompt (1-D id tensors of any lengths), decoded with the model's state.
 
@@ -62,10 +63,16 @@ def generate(
     (seed, rows[i]) (``rows`` default 0, 1, ...), so a prompt generated alone with ``rows=[i]`` gets
     what it gets as row i of a batch (XL models stream in segments of their ``segment_length``).
     ``on_token(row, id)`` is called for every new token as it is chosen (streaming output);
-    ``progress`` shows a bar of the tokens made.
+    ``progress`` shows a bar of the tokens made. ``max_length``: the longest stream the state is made
+    for (default: the longest prompt plus ``max_new_tokens``); mixers whose operator depends on the
+    length (``fd_tno``'s horizon, an automatic TCN dilation) use it, so a server that makes every
+    state for its context length gives what ``generate`` gives with that ``max_length``.
     """
     prompts, rows = _check_options(model, prompts, max_new_tokens, rows)
     check_sampling(temperature, top_k, top_p, seed)
+    longest = max(prompt.numel() for prompt in prompts) + max_new_tokens
+    if max_length is not None:
+        check_int(max_length, "max_length", minimum=longest)
     stop = StopRule(stop, model.config.vocab_size, tokenizer)
     generators = [None if seed is None else row_generator(seed, row) for row in rows]
     was_training = model.training
@@ -74,7 +81,7 @@ def generate(
     lengths = [prompt.numel() for prompt in prompts]
     new: list[list[int]] = [[] for _ in prompts]
     shared = min(lengths)
-    state = model.init_state(len(prompts), max_length=max(lengths) + max_new_tokens, device=device)
+    state = model.init_state(len(prompts), max_length=max_length or longest, device=device)
     logits, state = model(torch.stack([prompt[:shared] for prompt in prompts]).to(device), state=state, return_state=True)
     active, position = list(range(len(prompts))), shared  # prompts still in the batch; tokens read so far
     bar = progress_bar(total=len(prompts) * max_new_tokens, unit="token", desc="generating", disable=not progress)

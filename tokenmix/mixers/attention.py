@@ -71,6 +71,11 @@ class AttentionCore:
         """``chunk_padding_sides``."""
         return chunk_padding_sides(self.chunk_size)
 
+    @property
+    def front_padding_period(self) -> int:
+        """Chunk boundaries count from the first token: padding by whole chunks keeps them (any padding without chunks)."""
+        return self.chunk_size or 1
+
     sequence_axis = 2  # q, k and v are (batch, heads, n, width)
 
     @property
@@ -184,6 +189,11 @@ class Attention(Mixer):
     def padding_invariant_sides(self) -> tuple[str, ...]:
         """Both sides for full attention, the right for chunked (``chunk_padding_sides``)."""
         return self.core.padding_invariant_sides
+
+    @property
+    def front_padding_period(self) -> int:
+        """The core's: its chunk."""
+        return self.core.front_padding_period
 
     @property
     def bounded_state(self) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -54,6 +56,13 @@ def common_padding_sides(parts) -> tuple[str, ...]:
     return tuple(side for side in PADDING_SIDES if all(side in sides for sides in declared))
 
 
+def common_front_padding_period(parts) -> int | None:
+    """The least front padding period of all ``parts`` (see ``Mixer.front_padding_period``): the lcm of
+    theirs, None when one of them has none."""
+    periods = [part.front_padding_period for part in parts]
+    return None if None in periods else math.lcm(1, *periods)
+
+
 class Mixer(Configurable, nn.Module):
     """Base class: validates input, zeros padding, then calls ``mix(x, mask)`` on (batch, length, dim).
 
@@ -79,6 +88,17 @@ class Mixer(Configurable, nn.Module):
     causal_modes: tuple[bool, ...] = (False, True)  # the values of ``causal`` the mixer supports
     padding_invariant_sides: tuple[str, ...] = ()
     """Sides ("left", "right") on which padding a sequence leaves the outputs at its real tokens those of the sequence alone."""
+
+    @property
+    def front_padding_period(self) -> int | None:
+        """Streaming (causal mixers): a stream that starts with a multiple of this many padded (masked)
+        positions gives its real tokens the outputs of the stream alone, made for the same
+        ``max_length`` and not passing it; None when no padding does. Rows of different lengths can
+        then share one batched state, right-aligned (the server's continuous batching). 1 where left
+        padding leaves the operator as it is; a mixer counting positions from the first token (chunk
+        boundaries, DFT rows) gives its period."""
+        return 1 if "left" in self.padding_invariant_sides else None
+
     token_axes = 1
     """1: tokens form a sequence; 2: a grid (H, W) flattened row by row."""
     sequence_axis = 1  # of x (batch, length, dim): where context parallelism splits it

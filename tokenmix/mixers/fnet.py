@@ -107,6 +107,11 @@ class FnetAr(Mixer):
     state_type = FnetArState
     padding_invariant_sides = ("right",)  # a token's DFT row is its position counted from the first token
 
+    @property
+    def front_padding_period(self) -> int:
+        """Whole windows of padding keep every token's DFT row (t mod W)."""
+        return self.window
+
     def __init__(self, dim: int, causal: bool = True, **options):
         if not causal:
             raise ValueError("fnet_ar is causal by construction: build it with causal=True")

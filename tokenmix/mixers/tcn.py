@@ -109,6 +109,8 @@ class Tcn(ChannelSliced, Mixer):
         """Both with a fixed dilation (padding is zeroed before every convolution); none with ``dilation_factor="auto"``."""
         return () if self.dilation_factor == "auto" else PADDING_SIDES
 
+    front_padding_period = 1  # a stream fixes its dilation (``max_length``) and its histories start as zeros: padding adds more zeros
+
     @property
     def receptive_field(self) -> int | None:
         """Inputs one output depends on (None with ``dilation_factor="auto"``: see ``factor_for``)."""

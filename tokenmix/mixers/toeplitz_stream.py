@@ -44,6 +44,7 @@ class ToeplitzStreaming:
     channelwise_linear = True
     toeplitz_streaming = True
     taps_depend_on_length = False  # True: the taps change with the horizon (see the module docstring)
+    front_padding_period = 1  # the streamed operator is a Toeplitz one (lags only) while the stream stays within its horizon
 
     def stream_taps(self, lags: int, horizon: int) -> torch.Tensor:
         return self.kernel(lags)

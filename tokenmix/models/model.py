@@ -28,7 +28,7 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from ..mixers.base import check_mask, common_padding_sides
+from ..mixers.base import check_mask, common_front_padding_period, common_padding_sides
 from ..state import StreamState, check_state
 from ..validation import check_int
 from .config import ModelConfig
@@ -44,8 +44,9 @@ def check_tokens(tokens: torch.Tensor, vocab_size: int, mask: torch.Tensor | Non
         raise ValueError(f"tokens must be an integer tensor, got dtype {tokens.dtype}")
     if tokens.shape[1] < 1:
         raise ValueError("tokens must have length >= 1")
-    if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab_size):
-        raise ValueError(f"tokens must lie in [0, vocab_size={vocab_size}), got range [{tokens.min()}, {tokens.max()}]")
+    low, high = (int(tokens.min()), int(tokens.max())) if tokens.numel() else (0, 0)
+    if low < 0 or high >= vocab_size:  # as Python ints: a uint8 tensor would compare 256 as 0
+        raise ValueError(f"tokens must lie in [0, vocab_size={vocab_size}), got range [{low}, {high}]")
     check_mask(mask, tuple(tokens.shape))
 
 
@@ -128,6 +129,13 @@ class SequenceModel(nn.Module):
     def padding_invariant_sides(self) -> tuple[str, ...]:
         """Sides on which padding leaves a row's real outputs (and pooled summary) those of the row alone: every block's."""
         return common_padding_sides(self.blocks)
+
+    @property
+    def front_padding_period(self) -> int | None:
+        """Streaming: padding the front of a stream by a multiple of this many masked tokens leaves its
+        real tokens' logits those of the stream alone (every block's, ``Mixer.front_padding_period``);
+        None when no padding does."""
+        return common_front_padding_period(self.blocks)
 
     @functools.cached_property
     def signature(self) -> str:

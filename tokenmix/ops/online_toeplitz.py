@@ -39,6 +39,12 @@ class OnlineToeplitzState(StreamState):
     pending: torch.Tensor
     position: int = 0
 
+    @classmethod
+    def concat_tensors(cls, name: str, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """The histories widened to the largest capacity (zeros past the position, as ``_grow`` adds) and joined."""
+        capacity = max(tensor.shape[1] for tensor in tensors)
+        return super().concat_tensors(name, [torch.nn.functional.pad(tensor, (0, 0, 0, capacity - tensor.shape[1])) for tensor in tensors])
+
 
 def empty_state(batch_size: int, dim: int, *, device=None, dtype=torch.float32, capacity: int = 16) -> OnlineToeplitzState:
     check_int(capacity, "capacity")

@@ -1,0 +1,188 @@
+"""The serving scheduler without HTTP: continuous batching gives every request what ``tokenmix.generate``
+gives it alone, over every causal model; the join plan, the completion text, admission and the prefix cache."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+pytest.importorskip("prometheus_client", reason='the server needs its extra: pip install "tokenmix[serve]"')
+
+import torch  # noqa: E402
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from test_contracts import LM_MODELS, model  # noqa: E402
+
+import tokenmix  # noqa: E402
+from tokenmix.serve.engine import Busy, Engine, Failed, Finished, Job, Sampling, Token  # noqa: E402
+from tokenmix.serve.plan import MAX_WAIT, chunk_sizes, join_plan  # noqa: E402
+from tokenmix.serve.text import CompletionText  # noqa: E402
+
+TOKEN_BYTES = [bytes([byte]) for byte in range(20)]  # the test models' 20 ids as bytes
+CONTEXT = 160
+
+
+class Collected:
+    """A job's events: each choice's tokens and text, and whether every choice finished."""
+
+    def __init__(self, sampling: Sampling):
+        self.tokens = {choice: [] for choice in range(sampling.n)}
+        self.text = {choice: "" for choice in range(sampling.n)}
+        self.reasons, self.failed, self.done = {}, None, threading.Event()
+
+    def __call__(self, event) -> None:
+        if isinstance(event, Token):
+            self.tokens[event.choice].append(event.token)
+        if isinstance(event, (Token, Finished)):
+            self.text[event.choice] += event.text
+        if isinstance(event, Finished):
+            self.reasons[event.choice] = event.reason
+        if isinstance(event, Failed):
+            self.failed = event.message
+        if len(self.reasons) == len(self.tokens) or self.failed:
+            self.done.set()
+
+
+def running(engine: Engine):
+    thread = threading.Thread(target=engine.run, daemon=True)
+    thread.start()
+    return thread
+
+
+def submit(engine: Engine, prompt: list[int], sampling: Sampling) -> tuple[Job, Collected]:
+    collected = Collected(sampling)
+    job = Job(prompt, sampling, collected)
+    engine.submit(job)
+    return job, collected
+
+
+def decode_batches(network) -> list[int]:
+    """The batch size of every one-token call the model gets (a forward hook)."""
+    sizes = []
+    network.register_forward_hook(lambda module, args, output: sizes.append(args[0].shape[0]) if args[0].shape[1] == 1 else None)
+    return sizes
+
+
+@pytest.mark.parametrize("name", LM_MODELS)
+def test_every_served_sequence_equals_generate_alone_while_others_run(name):
+    """Prompts of different lengths arrive while others decode; each equals ``tokenmix.generate`` of its
+    prompt alone (with the server's context as max_length), greedy or sampled with its own seed.
+    Fails if rows are mispadded (a period too small), share a generator, or are stepped out of turn."""
+    network = model(name).double().eval()
+    engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=64, max_state_memory=10**10, chunk=8, prefix_min=0)
+    batches = decode_batches(network)
+    thread = running(engine)
+    generator = torch.Generator().manual_seed(3)
+    jobs = []
+    for index in range(12):
+        prompt = torch.randint(0, 20, (int(torch.randint(1, 40, (1,), generator=generator)),), generator=generator).tolist()
+        sampling = Sampling(
+            max_tokens=int(torch.randint(1, 30, (1,), generator=generator)),
+            temperature=(0.0, 1.0, 0.7)[index % 3],
+            top_k=(None, 12)[index % 2],
+            top_p=(1.0, 0.9)[index % 4 // 2],
+            seed=index,
+            n=1 + index % 2,
+        )
+        jobs.append(submit(engine, prompt, sampling))
+        if index % 3 == 2:
+            jobs[-1][1].done.wait(0.05)  # let some decode before the next arrive
+    for job, collected in jobs:
+        assert collected.done.wait(60) and collected.failed is None
+        s = job.sampling
+        options = {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "seed": s.seed, "max_length": CONTEXT}
+        alone = tokenmix.generate(network, [torch.tensor(job.prompt)] * s.n, s.max_tokens, **options)
+        assert [collected.tokens[choice] for choice in range(s.n)] == [tokens.tolist() for tokens in alone]
+    engine.stop()
+    thread.join(5)
+    assert max(batches) >= 4  # rows of different prompts did decode together
+    assert engine.rows == 0 and engine.reserved == 0
+
+
+@given(
+    batch=st.integers(0, 300),
+    tokens=st.integers(1, 300),
+    chunk=st.integers(1, 64),
+    period=st.sampled_from([None, 1, 3, 8]),
+)
+def test_a_join_plan_lands_on_the_batch_with_whole_periods_of_padding(batch, tokens, chunk, period):
+    plan = join_plan(batch, 0, tokens, chunk, period, 10, 10**6)
+    if plan is None:
+        return
+    assert plan.position == batch + plan.iterations == plan.pads + tokens
+    assert plan.pads >= 0 and plan.pads % (period or 10**9) == 0
+    sizes = chunk_sizes(tokens, chunk, plan.iterations)
+    assert len(sizes) == plan.iterations and sum(sizes) == tokens and max(sizes) <= chunk
+    assert plan.iterations - -(-tokens // chunk) <= MAX_WAIT
+
+
+def test_a_join_plan_waits_for_a_batch_behind_and_refuses_one_ahead():
+    assert join_plan(10, 0, 4, 8, 1, 5, 100).pads == 7  # lands at 11 after one chunk
+    assert join_plan(10, 0, 4, 8, None, 5, 100) is None  # unpadded it would have to land at 4: the batch is past it
+    assert join_plan(0, 0, 30, 8, None, 5, 100).iterations == 30  # a batch behind: reading slowly to meet it
+    assert join_plan(0, 0, 40 + 8 * MAX_WAIT, 8, None, 5, 1000) is None
+    assert join_plan(10, 0, 4, 8, 1, 95, 100) is None  # past the context
+
+
+def test_completion_text_cuts_before_a_stop_and_holds_back_what_could_start_one():
+    text = CompletionText([b"a", b"b", b"c", b"\xc3", b"\xa9"], ["bc"])
+    assert text.add(0) == "a"
+    assert text.add(1) == ""  # "b" may begin "bc"
+    assert text.add(2) == "" and text.stopped  # "bc" found: the text ends before it
+    assert text.finish() == ""
+    split = CompletionText([b"x", b"\xc3", b"\xa9"], [])
+    assert [split.add(1), split.add(2), split.finish()] == ["", "é", ""]  # a character across two tokens waits for its end
+    held = CompletionText([b"a", b"b"], ["bb"])
+    assert [held.add(0), held.add(1), held.finish()] == ["a", "", "b"]  # held back, sent at the end
+
+
+def test_a_full_engine_refuses_and_frees_its_room_when_requests_end_or_are_cancelled():
+    network = model("tnn").eval()
+    probe = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=4, max_state_memory=10**10, prefix_min=0)
+    need = probe.row_bytes(10, 20)
+    engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=4, max_state_memory=2 * need, prefix_min=0)
+    first, _ = submit(engine, [1] * 10, Sampling(max_tokens=20))
+    submit(engine, [2] * 10, Sampling(max_tokens=20))
+    with pytest.raises(Busy, match="full"):
+        submit(engine, [3] * 10, Sampling(max_tokens=20))
+    with pytest.raises(ValueError, match="rows"):
+        submit(engine, [3] * 10, Sampling(max_tokens=20, n=5))
+    with pytest.raises(ValueError, match="context"):
+        submit(engine, [3] * 100, Sampling(max_tokens=100))
+    first.cancel()
+    thread = running(engine)
+    _, third = submit_when_room(engine, [3] * 10, Sampling(max_tokens=20))
+    assert third.done.wait(30) and len(third.tokens[0]) == 20
+    engine.stop()
+    thread.join(5)
+    assert engine.rows == 0 and engine.reserved == 0
+
+
+def submit_when_room(engine, prompt, sampling, attempts: int = 200):
+    for _ in range(attempts):
+        try:
+            return submit(engine, prompt, sampling)
+        except Busy:
+            threading.Event().wait(0.05)
+    raise AssertionError("the engine never made room")
+
+
+def test_a_prompt_that_starts_with_a_cached_one_resumes_from_its_state():
+    network = model("tnn").double().eval()
+    engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=16, prefix_min=32)
+    calls = decode_batches(network)
+    thread = running(engine)
+    prompt = torch.randint(0, 20, (64,)).tolist()
+    results = []
+    for extended in (prompt, prompt, prompt + [3, 4, 5]):
+        _, collected = submit(engine, extended, Sampling(max_tokens=8, temperature=0.8, seed=1))
+        assert collected.done.wait(30)
+        results.append(collected.tokens[0])
+    engine.stop()
+    thread.join(5)
+    assert engine.metrics.prefix_hits._value.get() == 2
+    for extended, tokens in zip((prompt, prompt, prompt + [3, 4, 5]), results, strict=True):
+        alone = tokenmix.generate(network, [torch.tensor(extended)], 8, temperature=0.8, seed=1, max_length=CONTEXT)[0]
+        assert tokens == alone.tolist()
+    assert calls  # the model ran

@@ -1,0 +1,153 @@
+"""``tokenmix serve``: an OpenAI-compatible HTTP server for a causal LM run or export (docs/serve.md)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ..errors import user_input
+from ..fields import ByteSize, Existing, Integer, Number, Text
+from .common import add_threads_and_device, use_threads
+
+API_KEY_VARIABLE = "TOKENMIX_API_KEY"
+SERVE_EXTRA = 'tokenmix serve needs its optional extra: pip install "tokenmix[serve]"'
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("serve", help="serve a causal LM over HTTP: OpenAI-compatible completions with continuous batching")
+    served = "a run directory, checkpoint.pt or export-hf folder"
+    parser.add_argument("checkpoint", type=Existing(served), help=served)
+    parser.add_argument(
+        "--host", type=Text("an address"), default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)"
+    )
+    parser.add_argument("--port", type=Integer(0, 65535), default=8000, help="port (default: 8000; 0 picks a free one)")
+    parser.add_argument("--max-batch", type=Integer(1), default=64, help="sequences decoded at once at most (default: 64)")
+    parser.add_argument(
+        "--max-state-memory",
+        type=ByteSize(),
+        default=2 * 10**9,
+        help="bytes the sequences' states and the prefix cache may hold; past it requests get 429 (default: 2GB)",
+    )
+    parser.add_argument(
+        "--api-key", type=Text("a key"), help=f"require Authorization: Bearer KEY (default: ${API_KEY_VARIABLE} if set, else no key)"
+    )
+    parser.add_argument("--model-name", type=Text("a model name"), help="the model's id in the API (default: the run's folder name)")
+    parser.add_argument("--max-prompt-tokens", type=Integer(1), default=4096, help="longest prompt in tokens (default: 4096)")
+    parser.add_argument("--max-tokens", type=Integer(1), default=1024, help="largest max_tokens a request may ask (default: 1024)")
+    parser.add_argument("--max-choices", type=Integer(1), default=16, help="largest n a request may ask (default: 16)")
+    parser.add_argument("--max-request-bytes", type=ByteSize(), default=10**6, help="largest request body (default: 1MB)")
+    parser.add_argument(
+        "--chunk", type=Integer(1), default=512, help="prompt tokens read per scheduler iteration, so others keep decoding (default: 512)"
+    )
+    parser.add_argument(
+        "--prefix-cache-min",
+        type=Integer(0),
+        default=64,
+        help="prompts at least this long keep their state for requests that start with them; 0 turns the cache off (default: 64)",
+    )
+    parser.add_argument(
+        "--drain-timeout", type=Number(0), default=30.0, help="seconds SIGTERM waits for running requests to finish (default: 30)"
+    )
+    add_threads_and_device(parser)
+    parser.set_defaults(handler=run_serve)
+
+
+def load_served(path: str, device: str):
+    """(model, tokenizer, default id) of a run directory, checkpoint file or ``export-hf`` folder."""
+    from ..data.tokenizer import Tokenizer
+    from ..models.pretrained import from_pretrained
+    from ..train.checkpoint import CHECKPOINT_FILE, model_from_checkpoint
+
+    location = Path(path).expanduser()
+    if not location.exists():
+        raise ValueError(f"{path!r} does not exist (give a run directory, checkpoint.pt or export-hf folder)")
+    if location.is_dir() and not (location / CHECKPOINT_FILE).is_file():
+        model, tokenizer = from_pretrained(location, device=device), Tokenizer.load(location)
+    else:
+        model, train_config, tokenizer = model_from_checkpoint(location, device)
+        if tokenizer is None:
+            raise ValueError(f"serve answers with text; {path!r} was trained on {train_config['data']!r}, which is not text")
+    if model.config.task != "lm":
+        raise ValueError(f"serve needs a causal LM (task 'lm'); {path!r} is task {model.config.task!r}")
+    name = (location if location.is_dir() else location.parent).resolve().name
+    return model.eval(), tokenizer, name
+
+
+class DrainingServer:
+    """uvicorn's server whose SIGTERM / SIGINT drain the engine first: new requests get 503, running ones
+    finish (up to ``deadline`` seconds), then the server stops."""
+
+    def __init__(self, config, engine, deadline: float):
+        import uvicorn
+
+        self.engine, self.deadline = engine, deadline
+        self.server = uvicorn.Server(config)
+        self.server.handle_exit = self.handle_exit
+
+    def handle_exit(self, sig, frame) -> None:
+        if not self.engine.accepting:  # a second signal: stop now
+            self.server.should_exit = True
+            return
+        print(f"tokenmix serve: draining (up to {self.deadline:g} s) before exit", file=sys.stderr, flush=True)
+        self.engine.drain()
+        threading.Thread(target=self._stop_when_idle, daemon=True).start()
+
+    def _stop_when_idle(self) -> None:
+        end = time.monotonic() + self.deadline
+        while not self.engine.idle() and time.monotonic() < end:
+            time.sleep(0.05)
+        self.server.should_exit = True
+
+    def run(self) -> None:
+        self.server.run()
+
+
+def run_serve(args) -> int:
+    with user_input():
+        try:
+            import uvicorn
+
+            from ..serve.app import create_app
+            from ..serve.engine import Engine
+            from ..serve.requests import Limits
+        except ImportError:
+            raise ValueError(SERVE_EXTRA) from None
+        use_threads(args)
+        model, tokenizer, name = load_served(args.checkpoint, args.device)
+        limits = Limits(args.max_request_bytes, args.max_prompt_tokens, args.max_tokens, args.max_choices)
+        if args.max_choices > args.max_batch:
+            raise ValueError(f"--max-choices ({args.max_choices}) must be at most --max-batch ({args.max_batch})")
+        api_key = args.api_key or os.environ.get(API_KEY_VARIABLE) or None
+    context = args.max_prompt_tokens + args.max_tokens
+    print(f"tokenmix serve: measuring state sizes up to {context} tokens", file=sys.stderr, flush=True)
+    engine = Engine(
+        model,
+        tokenizer.token_bytes,
+        context=context,
+        max_batch=args.max_batch,
+        max_state_memory=args.max_state_memory,
+        chunk=args.chunk,
+        prefix_min=args.prefix_cache_min,
+    )
+    app = create_app(engine, tokenizer, args.model_name or name, api_key=api_key, limits=limits)
+    worker = threading.Thread(target=engine.run, name="tokenmix-engine", daemon=True)
+    worker.start()
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
+    server = DrainingServer(config, engine, args.drain_timeout)
+    announce = threading.Thread(target=_announce, args=(server.server, api_key is not None), daemon=True)
+    announce.start()
+    server.run()
+    engine.stop()
+    worker.join(timeout=10)
+    return 0
+
+
+def _announce(server, keyed: bool) -> None:
+    """Print the address once the server listens (with ``--port 0``, the port it got)."""
+    while not server.started:
+        time.sleep(0.02)
+    host, port = server.servers[0].sockets[0].getsockname()[:2]
+    print(f"tokenmix serve: listening on http://{host}:{port}{' (API key required)' if keyed else ''}", file=sys.stderr, flush=True)

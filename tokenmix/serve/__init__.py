@@ -1,0 +1,4 @@
+"""``tokenmix serve``: an OpenAI-compatible HTTP server with continuous batching over streaming states.
+
+Needs the optional extra: ``pip install "tokenmix[serve]"`` (FastAPI, uvicorn, prometheus_client).
+"""

@@ -1,0 +1,195 @@
+"""The ASGI app of ``tokenmix serve`` (FastAPI): OpenAI-compatible completions over one ``Engine``.
+
+``POST /v1/completions`` (server-sent events when ``stream`` is true), ``GET /v1/models``,
+``GET /health``, ``GET /metrics`` (Prometheus text) and a page at ``/`` to try the model. With an
+API key, /v1/* and /metrics need ``Authorization: Bearer KEY``. Every error is OpenAI's JSON
+error object with its HTTP status; the engine runs in its own thread and reaches a request's
+handler through an asyncio queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from importlib import resources
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from .engine import Busy, Engine, Failed, Job, Token, Unavailable
+from .requests import ApiError, Completion, Limits, parse_completion
+
+DISCONNECT_POLL = 0.5  # seconds between checks that a non-streaming client is still there
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+class Choices:
+    """The answer being built: each choice's text, finish reason and logprobs, and the usage."""
+
+    def __init__(self, completion: Completion):
+        self.n = completion.sampling.n
+        count = len(completion.prompts) * self.n
+        self.text, self.reason = [""] * count, [None] * count
+        self.logprobs = [{"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []} for _ in range(count)]
+        self.prompt_tokens, self.completion_tokens = sum(map(len, completion.prompts)) * self.n, 0
+
+    def add(self, index: int, event) -> dict:
+        """Record ``event`` of choice ``index``; returns that choice's streamed chunk."""
+        logprobs = None
+        if isinstance(event, Token):
+            self.completion_tokens += 1
+            if event.logprobs is not None:
+                logprobs = {
+                    "tokens": [event.logprobs["token"]],
+                    "token_logprobs": [event.logprobs["logprob"]],
+                    "top_logprobs": [event.logprobs["top"]],
+                    "text_offset": [len(self.text[index])],
+                }
+                for key, values in logprobs.items():
+                    self.logprobs[index][key] += values
+        else:
+            self.reason[index] = event.reason
+        self.text[index] += event.text
+        return {"text": event.text, "index": index, "logprobs": logprobs, "finish_reason": self.reason[index]}
+
+    def usage(self) -> dict:
+        total = self.prompt_tokens + self.completion_tokens
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "total_tokens": total}
+
+
+def create_app(engine: Engine, tokenizer, model_id: str, *, api_key: str | None = None, limits: Limits | None = None) -> FastAPI:
+    """The app serving ``engine`` (started and stopped by the caller) as model ``model_id``."""
+    limits = limits or Limits()
+    app = FastAPI(title="tokenmix serve", docs_url=None, redoc_url=None, openapi_url=None)
+    created = int(time.time())
+    vocab_size = engine.model.config.vocab_size
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, error: ApiError):
+        return error_response(error)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException):
+        return error_response(ApiError(error.status_code, f"{request.method} {request.url.path}: {error.detail}"))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError):
+        return error_response(ApiError(400, str(error)))
+
+    def authorize(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise ApiError(401, "a valid API key is required: send the header Authorization: Bearer KEY", code="invalid_api_key")
+
+    @app.get("/health")
+    async def health():
+        if not engine.accepting:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics(request: Request):
+        authorize(request)
+        return Response(engine.metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        authorize(request)
+        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": created, "owned_by": "tokenmix"}]}
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page():
+        return resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8").replace("{{MODEL}}", model_id)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        authorize(request)
+        completion = parse_completion(await request.body(), model_id, tokenizer, vocab_size, limits)
+        events: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        jobs = []
+        for base, prompt in enumerate(completion.prompts):
+
+            def emit(event, base=base * completion.sampling.n):
+                loop.call_soon_threadsafe(events.put_nowait, (base, event))
+
+            jobs.append(Job(prompt, completion.sampling, emit))
+        submit(jobs)
+        answer = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": model_id}
+        choices = Choices(completion)
+        if completion.stream:
+            return StreamingResponse(stream(jobs, events, answer, choices, completion.include_usage), media_type="text/event-stream")
+        try:
+            await collect(request, jobs, events, choices)
+        finally:
+            for job in jobs:
+                job.cancel()  # no-op for finished jobs; frees the rows of a client that went away
+        answer["choices"] = [
+            {
+                "text": choices.text[i],
+                "index": i,
+                "logprobs": choices.logprobs[i] if completion.sampling.logprobs is not None else None,
+                "finish_reason": choices.reason[i],
+            }
+            for i in range(len(choices.text))
+        ]
+        return {**answer, "usage": choices.usage()}
+
+    def submit(jobs: list[Job]) -> None:
+        for index, job in enumerate(jobs):
+            try:
+                engine.submit(job)
+            except (Busy, Unavailable, ValueError) as error:
+                for earlier in jobs[:index]:
+                    earlier.cancel()
+                if isinstance(error, Busy):
+                    raise ApiError(429, str(error), code="server_full", headers={"Retry-After": str(error.retry_after)}) from None
+                if isinstance(error, Unavailable):
+                    raise ApiError(503, str(error), code="shutting_down") from None
+                raise ApiError(400, str(error), "max_tokens") from None
+
+    async def next_event(events: asyncio.Queue, timeout: float | None = None):
+        base, event = await asyncio.wait_for(events.get(), timeout)
+        if isinstance(event, Failed):
+            raise ApiError(500, event.message, code="engine_error")
+        return base, event
+
+    async def collect(request: Request, jobs: list[Job], events: asyncio.Queue, choices: Choices) -> None:
+        while None in choices.reason:
+            try:
+                base, event = await next_event(events, DISCONNECT_POLL)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    return
+                continue
+            choices.add(base + event.choice, event)
+
+    async def stream(jobs: list[Job], events: asyncio.Queue, answer: dict, choices: Choices, include_usage: bool):
+        try:
+            while None in choices.reason:
+                try:
+                    base, event = await next_event(events)
+                except ApiError as error:
+                    yield f"data: {json.dumps(error.body())}\n\n"
+                    break
+                chunk = choices.add(base + event.choice, event)
+                yield f"data: {json.dumps({**answer, 'choices': [chunk]})}\n\n"
+            else:
+                if include_usage:
+                    yield f"data: {json.dumps({**answer, 'choices': [], 'usage': choices.usage()})}\n\n"
+                yield "data: [DONE]\n\n"
+        finally:
+            for job in jobs:
+                job.cancel()  # a client that disconnects mid-stream frees its rows at the next iteration
+
+    return app

@@ -1,0 +1,488 @@
+"""Continuous batching over streaming states: the scheduler behind ``tokenmix serve``.
+
+One thread owns the model. Each iteration it
+
+1. drops the sequences whose client went away, and admits waiting requests: each is planned onto
+   a batch (a *cohort*: rows sharing one streaming state at one position) where its prompt, padded
+   in front, lands right-aligned (``plan.py``), or starts a cohort of its own; a prompt that begins
+   with a cached one resumes from that prompt's state (the prefix cache: exact, states are exact);
+2. moves the prefills that are done into their cohort (``StreamState.concat``);
+3. steps every cohort by one token for all its rows in one batched call, each row sampling with its
+   own settings and its own generator, row_generator(seed, choice), so that a request's tokens are
+   those ``tokenmix.generate`` gives it alone with that seed; finished rows leave
+   (``StreamState.select``);
+4. feeds every prefill one chunk, so a long prompt never stalls the running rows for long.
+
+Memory is admitted by the states' bytes (``StateSizes``): a request that would take the states past
+the budget is refused (``Busy``: HTTP 429) rather than queued without bound.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from ..generation import choose_tokens, row_generator
+from .metrics import ServeMetrics
+from .plan import PAD_FLOOR, JoinPlan, alone_plan, chunk_sizes, join_plan
+from .text import CompletionText, token_text
+
+
+class Busy(Exception):
+    """The server has no room for the request now (HTTP 429); ``retry_after`` seconds is a fair wait."""
+
+    def __init__(self, message: str, retry_after: int = 1):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Unavailable(Exception):
+    """The server is shutting down and takes no new requests (HTTP 503)."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """A request's generation settings (the OpenAI completions fields, validated by ``api.py``)."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = None
+    n: int = 1
+
+
+@dataclass
+class Token:
+    """Event: choice ``choice`` got ``token``; ``text`` is what it makes final; ``logprobs`` when asked."""
+
+    choice: int
+    token: int
+    text: str
+    logprobs: dict | None = None
+
+
+@dataclass
+class Finished:
+    """Event: choice ``choice`` ended ("stop" or "length"); ``text`` is what was still held back."""
+
+    choice: int
+    reason: str
+    text: str
+
+
+@dataclass
+class Failed:
+    """Event: the request failed inside the engine (its message is safe to show)."""
+
+    message: str
+
+
+@dataclass
+class Job:
+    """A request inside the engine: its prompt ids, settings, and where its events go (``emit`` is
+    called from the engine's thread)."""
+
+    prompt: list[int]
+    sampling: Sampling
+    emit: Callable[[object], None]
+    cancelled: bool = False
+    reserved: int = 0
+    unfinished: int = 0
+    arrived: float = field(default_factory=time.monotonic)
+    first_token: float | None = None
+    tokens: int = 0
+
+    def cancel(self) -> None:
+        """The client went away: its sequences leave at the next iteration."""
+        self.cancelled = True
+
+
+class Row:
+    """One choice of a job decoding in a cohort."""
+
+    def __init__(self, job: Job, choice: int, token_bytes: list[bytes]):
+        self.job, self.choice = job, choice
+        self.generator = row_generator(job.sampling.seed, choice)
+        self.tokens: list[int] = []
+        self.text = CompletionText(token_bytes, list(job.sampling.stop))
+
+
+@dataclass
+class Cohort:
+    """Rows sharing one state at ``position`` (the position it would have when empty and awaited)."""
+
+    position: int
+    rows: list = field(default_factory=list)
+    state: object = None
+    logits: torch.Tensor | None = None  # (rows, vocab): each row's next-token logits
+    joining: int = 0  # prefills planned to land here
+
+
+@dataclass
+class Prefill:
+    """A job's prompt being read, one chunk per iteration, from ``state`` towards its cohort."""
+
+    job: Job
+    cohort: Cohort
+    plan: JoinPlan
+    tokens: torch.Tensor  # (1, pads + tokens still to read)
+    mask: torch.Tensor | None  # the pads masked, None without pads
+    sizes: list  # tokens fed in each coming iteration (the first nonzero one carries the pads)
+    state: object
+    logits: torch.Tensor | None  # after the last chunk (or the cached prefix's)
+    prompt: tuple  # the prompt ids, the prefix cache's key
+    fed: int = 0
+
+
+@dataclass
+class CachedPrompt:
+    """A prompt's state and last logits, kept for requests that start with it."""
+
+    pads: int
+    state: object
+    logits: torch.Tensor
+    nbytes: int
+
+
+class StateSizes:
+    """Bytes one row's state holds at a position, measured once on the model itself: a row streamed
+    to each power of two up to ``context`` (each bound holds every position below it, capacity and
+    cache growth included)."""
+
+    def __init__(self, model, context: int, device):
+        self.bounds: list[tuple[int, int]] = []
+        length = 1
+        with torch.no_grad():
+            while True:
+                length = min(length, context)
+                state = model.init_state(1, max_length=context, device=device)
+                _, state = model(torch.zeros(1, length, dtype=torch.long, device=device), state=state, return_state=True)
+                self.bounds.append((length, state.nbytes()))
+                if length == context:
+                    break
+                length *= 2
+
+    def at(self, position: int) -> int:
+        """Bytes of one row up to ``position`` (at most the context)."""
+        return next((size for bound, size in self.bounds if bound >= position), self.bounds[-1][1])
+
+
+class Engine:
+    """The scheduler: ``submit`` jobs from any thread; ``run`` (in one thread) serves them.
+
+    ``context``: the longest stream (prompt, padding and completion) a row may reach; every state is
+    made for it, so a request's tokens are those of ``tokenmix.generate(..., max_length=context)``.
+    ``max_batch``: rows at most (choices of running and reading requests); ``max_state_memory``:
+    bytes the states and the prefix cache may hold; ``chunk``: prompt tokens a prefill reads per
+    iteration; ``prefix_min``: prompts at least this long are cached for reuse (0: no cache).
+    """
+
+    def __init__(
+        self,
+        model,
+        token_bytes: list[bytes],
+        *,
+        context: int,
+        max_batch: int,
+        max_state_memory: int,
+        chunk: int = 512,
+        prefix_min: int = 64,
+        prefix_entries: int = 16,
+    ):
+        self.model, self.token_bytes = model.eval(), token_bytes
+        self.context, self.max_batch, self.budget, self.chunk = context, max_batch, max_state_memory, chunk
+        self.prefix_min, self.prefix_entries = prefix_min, prefix_entries
+        self.device = next(model.parameters()).device
+        self.period = model.front_padding_period
+        self.sizes = StateSizes(model, context, self.device)
+        self.lock = threading.Condition()
+        self.waiting: deque[Job] = deque()
+        self.prefills: list[Prefill] = []
+        self.cohorts: list[Cohort] = []
+        self.cache: OrderedDict[tuple, CachedPrompt] = OrderedDict()
+        self.reserved = self.rows = 0
+        self.accepting, self.stopped = True, False
+        self.metrics = ServeMetrics()
+
+    # -- any thread ------------------------------------------------------------------------------
+    def row_bytes(self, prompt: int, max_tokens: int) -> int:
+        """The most a row of this prompt and completion may hold, whatever padding it is given."""
+        padded = prompt + max_tokens + max(PAD_FLOOR, prompt + max_tokens)
+        return self.sizes.at(min(padded, self.context))
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job``, or raise ``Busy`` (no room now) / ``Unavailable`` (shutting down) / ValueError
+        (it could never fit: the request asks more than the server's limits)."""
+        sampling, need_rows = job.sampling, job.sampling.n
+        if len(job.prompt) + sampling.max_tokens > self.context:
+            raise ValueError(
+                f"prompt ({len(job.prompt)} tokens) plus max_tokens ({sampling.max_tokens}) exceeds the context {self.context} (--context)"
+            )
+        need = need_rows * self.row_bytes(len(job.prompt), sampling.max_tokens)
+        if need > self.budget or need_rows > self.max_batch:
+            raise ValueError(
+                f"this request needs {need_rows} rows and {need} bytes of state; the server holds {self.max_batch} rows "
+                f"and {self.budget} bytes (--max-batch, --max-state-memory): ask fewer tokens or choices"
+            )
+        with self.lock:
+            if not self.accepting:
+                raise Unavailable("the server is shutting down and takes no new requests")
+            while self.cache and self.reserved + self._cached_bytes() + need > self.budget:
+                self.cache.popitem(last=False)  # the least recently used prompt makes room
+            if self.reserved + need > self.budget or self.rows + need_rows > self.max_batch:
+                self.metrics.requests.labels("refused").inc()
+                raise Busy(
+                    f"the server is full ({self.rows} of {self.max_batch} rows, {self.reserved} of {self.budget} state bytes "
+                    "reserved); retry shortly"
+                )
+            job.reserved, job.unfinished = need, need_rows
+            self.reserved += need
+            self.rows += need_rows
+            self.waiting.append(job)
+            self.lock.notify()
+
+    def drain(self) -> None:
+        """Take no new requests (``Unavailable``); those already in finish."""
+        with self.lock:
+            self.accepting = False
+
+    def idle(self) -> bool:
+        with self.lock:
+            return not (self.waiting or self.prefills or any(cohort.rows for cohort in self.cohorts))
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopped = True
+            self.lock.notify()
+
+    # -- the engine's thread ---------------------------------------------------------------------
+    def run(self) -> None:
+        """Serve until ``stop``: one iteration whenever there is work, asleep otherwise."""
+        while True:
+            with self.lock:
+                while not self.stopped and not (self.waiting or self.prefills or self.cohorts):
+                    self.lock.wait()
+                if self.stopped:
+                    return
+            try:
+                with torch.no_grad():
+                    self.iteration()
+            except Exception as error:  # noqa: BLE001 - every running request learns of it; the server goes on
+                self._fail_all(f"the model failed: {type(error).__name__}: {error}")
+
+    def iteration(self) -> None:
+        self._drop_cancelled()
+        self._admit()
+        for prefill in [prefill for prefill in self.prefills if not prefill.sizes]:
+            self._join(prefill)
+        made = 0
+        for cohort in self.cohorts:
+            made += self._decode(cohort)
+        for prefill in self.prefills:
+            self._feed(prefill)
+        self.cohorts = [cohort for cohort in self.cohorts if cohort.rows or cohort.joining]
+        self._update_gauges(made)
+
+    def _admit(self) -> None:
+        with self.lock:
+            jobs = sorted(self.waiting, key=lambda job: -len(job.prompt))  # the longest first: the others pad to it
+            self.waiting.clear()
+        for job in jobs:
+            self.prefills.append(self._plan(job))
+            self.metrics.prompt_tokens.inc(len(job.prompt))
+
+    def _plan(self, job: Job) -> Prefill:
+        prompt = tuple(job.prompt)
+        cached_key = max((key for key in self.cache if len(key) <= len(prompt) and prompt[: len(key)] == key), key=len, default=None)
+        if cached_key is None:
+            start, state, logits = 0, self.model.init_state(1, max_length=self.context, device=self.device), None
+        else:
+            cached = self.cache[cached_key]
+            self.cache.move_to_end(cached_key)
+            self.metrics.prefix_hits.inc()
+            start, state, logits = cached.pads + len(cached_key), cached.state.select([0]), cached.logits
+        remaining = prompt[len(cached_key or ()) :]
+        plans = [
+            (cohort, join_plan(cohort.position, start, len(remaining), self.chunk, self.period, job.sampling.max_tokens, self.context))
+            for cohort in self.cohorts
+        ]
+        plans = [(cohort, plan) for cohort, plan in plans if plan is not None]
+        if plans:
+            cohort, plan = max(plans, key=lambda pair: (len(pair[0].rows) + pair[0].joining, -pair[1].iterations))
+        else:
+            plan = alone_plan(start, len(remaining), self.chunk)
+            cohort = Cohort(plan.position - plan.iterations)
+            self.cohorts.append(cohort)
+        cohort.joining += 1
+        sizes = chunk_sizes(len(remaining), self.chunk, plan.iterations)
+        if plan.pads:
+            sizes[next(index for index, size in enumerate(sizes) if size)] += plan.pads
+        tokens = torch.tensor([[0] * plan.pads + list(remaining)], dtype=torch.long, device=self.device)
+        mask = None if not plan.pads else torch.arange(tokens.shape[1], device=self.device)[None] >= plan.pads
+        return Prefill(job, cohort, plan, tokens, mask, sizes, state, logits, prompt)
+
+    def _feed(self, prefill: Prefill) -> None:
+        size = prefill.sizes.pop(0)
+        if size == 0 or prefill.job.cancelled:
+            return
+        part = slice(prefill.fed, prefill.fed + size)
+        mask = None if prefill.mask is None else prefill.mask[:, part]
+        logits, prefill.state = self.model(prefill.tokens[:, part], mask, state=prefill.state, return_state=True)
+        prefill.logits, prefill.fed = logits[:, -1], prefill.fed + size
+        if not prefill.sizes and self.prefix_min and len(prefill.prompt) >= self.prefix_min:
+            self._remember(prefill)
+
+    def _remember(self, prefill: Prefill) -> None:
+        """Keep the prompt's state for later requests that start with it, while memory allows."""
+        entry = CachedPrompt(prefill.plan.pads, prefill.state, prefill.logits, prefill.state.nbytes())
+        with self.lock:
+            self.cache.pop(prefill.prompt, None)
+            while self.cache and (len(self.cache) >= self.prefix_entries or self._over_budget(entry.nbytes)):
+                self.cache.popitem(last=False)
+            if not self._over_budget(entry.nbytes):
+                self.cache[prefill.prompt] = entry
+
+    def _over_budget(self, extra: int) -> bool:
+        return self.reserved + self._cached_bytes() + extra > self.budget
+
+    def _cached_bytes(self) -> int:
+        return sum(entry.nbytes for entry in self.cache.values())
+
+    def _join(self, prefill: Prefill) -> None:
+        self.prefills.remove(prefill)
+        cohort, job = prefill.cohort, prefill.job
+        cohort.joining -= 1
+        if job.cancelled:
+            return
+        if cohort.position != prefill.plan.position:  # pragma: no cover - the plan guarantees it
+            raise RuntimeError(f"a prefill planned for position {prefill.plan.position} found its batch at {cohort.position}")
+        choices = range(job.sampling.n)
+        state = prefill.state.select([0] * len(choices))  # a copy: the cached prompt's state stays as it was
+        logits = prefill.logits.expand(len(choices), -1)
+        rows = [Row(job, choice, self.token_bytes) for choice in choices]
+        if cohort.rows:
+            cohort.state = type(state).concat([cohort.state, state])
+            cohort.logits = torch.cat([cohort.logits, logits])
+        else:
+            cohort.state, cohort.logits = state, logits
+        cohort.rows += rows
+
+    def _decode(self, cohort: Cohort) -> int:
+        """One token for every row of ``cohort``; returns how many were made."""
+        rows = cohort.rows
+        cohort.position += 1
+        if not rows:
+            return 0
+        picks = self._choose(cohort.logits, rows)
+        wanted = [index for index, row in enumerate(rows) if row.job.sampling.logprobs is not None]
+        logprobs = dict(zip(wanted, self._logprobs(cohort.logits[wanted], [picks[i] for i in wanted], rows, wanted), strict=True))
+        now, kept = time.monotonic(), []
+        for index, (row, token) in enumerate(zip(rows, picks, strict=True)):
+            job = row.job
+            if job.first_token is None:
+                job.first_token = now
+                self.metrics.first_token.observe(now - job.arrived)
+            row.tokens.append(token)
+            job.tokens += 1
+            job.emit(Token(row.choice, token, row.text.add(token), logprobs.get(index)))
+            reason = "stop" if row.text.stopped else "length" if len(row.tokens) >= job.sampling.max_tokens else None
+            if reason is None:
+                kept.append(index)
+            else:
+                job.emit(Finished(row.choice, reason, row.text.finish()))
+                self._row_done(job)
+        cohort.rows = [rows[index] for index in kept]
+        if not kept:
+            cohort.state = cohort.logits = None
+            return len(rows)
+        state = cohort.state if len(kept) == len(rows) else cohort.state.select(kept)
+        inputs = torch.tensor([picks[index] for index in kept], device=self.device)[:, None]
+        logits, cohort.state = self.model(inputs, state=state, return_state=True)
+        cohort.logits = logits[:, -1]
+        return len(rows)
+
+    def _choose(self, logits: torch.Tensor, rows: list[Row]) -> list[int]:
+        """Each row's next token, rows of the same settings drawn together (``choose_tokens``)."""
+        groups: dict[tuple, list[int]] = {}
+        for index, row in enumerate(rows):
+            sampling = row.job.sampling
+            groups.setdefault((sampling.temperature, sampling.top_k, sampling.top_p), []).append(index)
+        picks = [0] * len(rows)
+        for (temperature, top_k, top_p), members in groups.items():
+            chosen = choose_tokens(logits[members], temperature, top_k, top_p, [rows[index].generator for index in members])
+            for index, token in zip(members, chosen.tolist(), strict=True):
+                picks[index] = token
+        return picks
+
+    def _logprobs(self, logits: torch.Tensor, picks: list[int], rows: list[Row], members: list[int]) -> list[dict]:
+        """The model's log-probability of each chosen token and of its ``logprobs`` most likely ones."""
+        if not members:
+            return []
+        logprobs = logits.float().log_softmax(dim=-1).cpu()
+        found = []
+        for line, pick, index in zip(logprobs, picks, members, strict=True):
+            values, ids = line.topk(min(rows[index].job.sampling.logprobs, line.numel()))
+            top = {token_text(self.token_bytes[i]): value for value, i in zip(values.tolist(), ids.tolist(), strict=True)}
+            found.append({"token": token_text(self.token_bytes[pick]), "logprob": float(line[pick]), "top": top})
+        return found
+
+    def _row_done(self, job: Job, cancelled: bool = False) -> None:
+        job.unfinished -= 1
+        with self.lock:
+            self.rows -= 1
+            if job.unfinished == 0:
+                self.reserved -= job.reserved
+                self.metrics.requests.labels("cancelled" if cancelled else "completed").inc()
+                if not cancelled and job.tokens > job.sampling.n and job.first_token is not None:
+                    self.metrics.per_token.observe((time.monotonic() - job.first_token) / (job.tokens / job.sampling.n - 1))
+
+    def _drop_cancelled(self) -> None:
+        with self.lock:
+            gone = [job for job in self.waiting if job.cancelled]
+            for job in gone:
+                self.waiting.remove(job)
+        for job in gone:
+            for _ in range(job.unfinished):
+                self._row_done(job, cancelled=True)
+        for prefill in [prefill for prefill in self.prefills if prefill.job.cancelled]:
+            self.prefills.remove(prefill)
+            prefill.cohort.joining -= 1
+            for _ in range(prefill.job.unfinished):
+                self._row_done(prefill.job, cancelled=True)
+        for cohort in self.cohorts:
+            kept = [index for index, row in enumerate(cohort.rows) if not row.job.cancelled]
+            if len(kept) < len(cohort.rows):
+                for row in cohort.rows:
+                    if row.job.cancelled:
+                        self._row_done(row.job, cancelled=True)
+                cohort.rows = [cohort.rows[index] for index in kept]
+                cohort.state = cohort.state.select(kept) if kept else None
+                cohort.logits = cohort.logits[kept] if kept else None
+
+    def _fail_all(self, message: str) -> None:
+        jobs = {id(row.job): row.job for cohort in self.cohorts for row in cohort.rows}
+        jobs.update({id(prefill.job): prefill.job for prefill in self.prefills})
+        self.cohorts, self.prefills = [], []
+        for job in jobs.values():
+            job.emit(Failed(message))
+            with self.lock:
+                self.rows -= job.unfinished
+                self.reserved -= job.reserved
+                job.unfinished = 0
+                self.metrics.requests.labels("failed").inc()
+
+    def _update_gauges(self, made: int) -> None:
+        metrics = self.metrics
+        metrics.made(made)
+        metrics.batch_size.set(sum(len(cohort.rows) for cohort in self.cohorts))
+        metrics.queue.set(len(self.waiting) + len(self.prefills))
+        states = [cohort.state for cohort in self.cohorts if cohort.state is not None] + [prefill.state for prefill in self.prefills]
+        metrics.held(sum(state.nbytes() for state in states) + self._cached_bytes())
