@@ -10,8 +10,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,6 +20,7 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai", reason="the server is tested with the official openai client (the dev extra)")
 
 import tokenmix  # noqa: E402
+from tokenmix.serve.launch import ServerProcess  # noqa: E402
 from tokenmix.train.checkpoint import model_from_checkpoint  # noqa: E402
 
 KEY = "test-key"
@@ -29,31 +28,9 @@ MAX_PROMPT, MAX_TOKENS = 256, 64
 CONTEXT = MAX_PROMPT + MAX_TOKENS  # every state is made for it: generate(..., max_length=CONTEXT) is what a request gets
 
 
-class Server:
-    """``tokenmix serve RUN --port 0 ...`` in a subprocess; ``url`` once it listens."""
-
-    def __init__(self, run, *flags: str):
-        command = [sys.executable, "-m", "tokenmix.cli", "serve", str(run), "--port", "0", "--threads", "1"]
-        command += ["--max-prompt-tokens", str(MAX_PROMPT), "--max-tokens", str(MAX_TOKENS), *flags]
-        self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
-        self.lines: list[str] = []
-        self.listening = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-        if not self.listening.wait(120):
-            self.stop()
-            raise AssertionError(f"the server did not start: {self.lines}")
-        self.url = re.search(r"http://\S+", self.lines[-1]).group(0)
-
-    def _read(self) -> None:
-        for line in self.process.stderr:
-            self.lines.append(line.rstrip())
-            if "listening on" in line:
-                self.listening.set()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(30)
+def serving(run, *flags: str) -> ServerProcess:
+    """The run served with the limits these tests expect, one torch thread."""
+    return ServerProcess(run, "--threads", "1", "--max-prompt-tokens", str(MAX_PROMPT), "--max-tokens", str(MAX_TOKENS), *flags)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +40,7 @@ def run(tiny_runs):
 
 @pytest.fixture(scope="module")
 def served(run):
-    server = Server(run, "--api-key", KEY)
+    server = serving(run, "--api-key", KEY)
     yield server
     server.stop()
 
@@ -226,7 +203,7 @@ def test_a_client_that_disconnects_mid_stream_frees_its_sequence(served):
 def test_500_requests_at_once_against_a_small_memory_each_complete_or_get_429(run):
     """Nothing is lost or hangs: every request gets its whole completion or a 429 with Retry-After, and
     the states never hold more than the budget."""
-    server = Server(run, "--max-state-memory", "300KB", "--max-batch", "64")
+    server = serving(run, "--max-state-memory", "300KB", "--max-batch", "64")
     try:
 
         async def flood():
@@ -255,7 +232,7 @@ def test_500_requests_at_once_against_a_small_memory_each_complete_or_get_429(ru
 
 @pytest.mark.slow
 def test_sigterm_lets_running_requests_finish_refuses_new_ones_and_exits(run):
-    server = Server(run)
+    server = serving(run)
     try:
         request = {"prompt": "To be", "max_tokens": MAX_TOKENS, "stream": True, "temperature": 0}
         with httpx.Client(timeout=60) as http, http.stream("POST", f"{server.url}/v1/completions", json=request) as response:

@@ -186,3 +186,25 @@ def test_a_prompt_that_starts_with_a_cached_one_resumes_from_its_state():
         alone = tokenmix.generate(network, [torch.tensor(extended)], 8, temperature=0.8, seed=1, max_length=CONTEXT)[0]
         assert tokens == alone.tolist()
     assert calls  # the model ran
+
+
+def test_a_model_failure_fails_the_running_requests_and_the_engine_goes_on():
+    network = model("tnn").eval()
+    engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=8, max_state_memory=10**10, prefix_min=0)
+    original = network.forward
+
+    def failing(tokens, *args, **kwargs):
+        if tokens.shape[1] == 1:  # the first decode step breaks, once
+            network.forward = original
+            raise RuntimeError("out of memory (simulated)")
+        return original(tokens, *args, **kwargs)
+
+    network.forward = failing
+    thread = running(engine)
+    _, failed = submit(engine, [1, 2, 3], Sampling(max_tokens=5))
+    assert failed.done.wait(30) and "out of memory (simulated)" in failed.failed
+    _, served = submit(engine, [1, 2, 3], Sampling(max_tokens=5))
+    assert served.done.wait(30) and served.failed is None and len(served.tokens[0]) == 5
+    engine.stop()
+    thread.join(5)
+    assert engine.rows == 0 and engine.reserved == 0

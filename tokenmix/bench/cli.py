@@ -39,6 +39,7 @@ from .report import (
     write_plots,
 )
 from .scale import SCALE_KINDS, scale_records, scale_tables, write_scale_plots
+from .serve import SERVE, SERVE_KINDS, serve_records, serve_tables, write_serve_plots
 from .worker import run_in_subprocess
 
 FULL = {
@@ -86,18 +87,27 @@ def add_bench(subparsers) -> None:
     )
     parser.add_argument(
         "--kinds",
-        type=Names((*KINDS, "scale")),
+        type=Names((*KINDS, "scale", "serve")),
         default=None,
         help="any of mixer,layer,model,generate (default: mixer,layer,model; --quick: mixer,model); generate: decoding by every "
         "causal LM model (depth 4, batch 1) at positions --lengths, cached step against recompute, and by every mixer "
         "that streams by its Toeplitz taps (tno, ski_tno, fd_tno; --mixers narrows them), token by token, tiled against the direct "
         "product; scale (alone, under torchrun): context parallelism's memory, step time and traffic per process for each of --processes "
-        "(default models tnn,fd_tnn,ski_tnn,tcnca,transformer at 16384,32768,65536 tokens, width 256; docs/scale.md)",
+        "(default models tnn,fd_tnn,ski_tnn,tcnca,transformer at 16384,32768,65536 tokens, width 256; docs/scale.md); "
+        "serve (alone): `tokenmix serve` driven over HTTP by --concurrency streaming clients, against the model's own batched and "
+        "one-at-a-time decoding (default models tnn,tcnca,mega,transformer at width 128, depth 4; docs/serve.md)",
     )
     parser.add_argument(
         "--processes", type=Lengths(), default=[1, 2, 4], help="--kinds scale: the context-parallel sizes measured (default: 1,2,4)"
     )
-    parser.add_argument("--depth", type=Integer(1), default=4, help="--kinds scale: the models' depth (default: 4)")
+    parser.add_argument("--depth", type=Integer(1), default=4, help="--kinds scale, serve: the models' depth (default: 4)")
+    parser.add_argument(
+        "--concurrency", type=Lengths("client counts"), default=None, help="--kinds serve: concurrent streaming clients (default 1,4,16,64)"
+    )
+    parser.add_argument(
+        "--serve-requests", type=Integer(1), default=2, help="--kinds serve: requests each client sends, one after another (default: 2)"
+    )
+    parser.add_argument("--serve-tokens", type=Integer(1), default=128, help="--kinds serve: new tokens per request (default: 128)")
     parser.add_argument(
         "--memory-budget",
         type=Number(0, open_minimum=True, optional=True),
@@ -202,10 +212,11 @@ def add_bench(subparsers) -> None:
 def apply_presets(args) -> None:
     """Fill the options the user left out from --quick's, the full run's or --kinds scale's presets."""
     preset = {**FULL, "kinds": list(TRAINING_KINDS), **(QUICK if args.quick else {})}
-    if args.kinds and "scale" in args.kinds:
-        if args.kinds != ["scale"]:
-            raise ValueError(f"--kinds scale runs alone (under torchrun), not with {[kind for kind in args.kinds if kind != 'scale']}")
-        preset = {**FULL, **SCALE}
+    for alone, presets in (("scale", SCALE), ("serve", SERVE)):
+        if args.kinds and alone in args.kinds:
+            if args.kinds != [alone]:
+                raise ValueError(f"--kinds {alone} runs alone, not with {[kind for kind in args.kinds if kind != alone]}")
+            preset = {**FULL, **presets}
     args.positions = args.lengths  # --lengths sets the positions of --kinds generate too
     for key, value in preset.items():
         if getattr(args, key) is None:
@@ -309,6 +320,8 @@ def run_bench(args) -> int:
         apply_presets(args)
         if args.kinds == ["scale"]:
             return run_scale(args)
+        if args.kinds == ["serve"]:
+            return run_serve_bench(args)
         device = resolve_device(args.device)
         args.device = str(device)  # the cases (and their worker processes) get the resolved name, not "auto"
         cases = bench_cases(args)
@@ -371,10 +384,29 @@ def run_scale(args) -> int:
     return 0
 
 
+def run_serve_bench(args) -> int:
+    """``--kinds serve``: the records of every model, written as they come; the tables and plot at the end."""
+    from ..serve.requests import ApiError  # noqa: F401 - the serve extra must be installed: a clear error now, not mid-run
+
+    set_threads(args.threads)
+    check_output_path(args.output, "--output")
+    check_output_path(args.plot, "--plot", directory=True)
+    records = serve_records(args, source_revision(), lambda records: args.output and write_json_atomic(args.output, records))
+    if args.output:
+        write_json_atomic(args.output, records)
+    if args.plot:
+        write_serve_plots(records, args.plot)
+    print(f"# {platform.machine()}, {args.threads} threads, torch {torch.__version__}, cpu, float32")
+    print(bench_tables(records))
+    return 0
+
+
 def bench_tables(records: list[dict]) -> str:
     """The tables ``tokenmix bench`` prints for its records (those it writes with --output)."""
     if records and records[0].get("kind") in SCALE_KINDS:
         return scale_tables(records)
+    if records and records[0].get("kind") in SERVE_KINDS:
+        return serve_tables(records)
     return "\n\n".join(format_table(rows, table_columns(rows)) for rows in sections(records))
 
 

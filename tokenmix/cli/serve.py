@@ -13,6 +13,7 @@ from ..fields import ByteSize, Existing, Integer, Number, Text
 from .common import add_threads_and_device, use_threads
 
 API_KEY_VARIABLE = "TOKENMIX_API_KEY"
+DEFAULT_CHOICES = 16
 SERVE_EXTRA = 'tokenmix serve needs its optional extra: pip install "tokenmix[serve]"'
 
 
@@ -37,7 +38,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--model-name", type=Text("a model name"), help="the model's id in the API (default: the run's folder name)")
     parser.add_argument("--max-prompt-tokens", type=Integer(1), default=4096, help="longest prompt in tokens (default: 4096)")
     parser.add_argument("--max-tokens", type=Integer(1), default=1024, help="largest max_tokens a request may ask (default: 1024)")
-    parser.add_argument("--max-choices", type=Integer(1), default=16, help="largest n a request may ask (default: 16)")
+    parser.add_argument(
+        "--max-choices", type=Integer(1), default=None, help="largest n a request may ask (default: 16, or --max-batch if smaller)"
+    )
     parser.add_argument("--max-request-bytes", type=ByteSize(), default=10**6, help="largest request body (default: 1MB)")
     parser.add_argument(
         "--chunk", type=Integer(1), default=512, help="prompt tokens read per scheduler iteration, so others keep decoding (default: 512)"
@@ -117,6 +120,8 @@ def run_serve(args) -> int:
             raise ValueError(SERVE_EXTRA) from None
         use_threads(args)
         model, tokenizer, name = load_served(args.checkpoint, args.device)
+        if args.max_choices is None:
+            args.max_choices = min(DEFAULT_CHOICES, args.max_batch)
         limits = Limits(args.max_request_bytes, args.max_prompt_tokens, args.max_tokens, args.max_choices)
         if args.max_choices > args.max_batch:
             raise ValueError(f"--max-choices ({args.max_choices}) must be at most --max-batch ({args.max_batch})")

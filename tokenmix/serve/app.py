@@ -158,7 +158,7 @@ def create_app(engine: Engine, tokenizer, model_id: str, *, api_key: str | None 
                     raise ApiError(503, str(error), code="shutting_down") from None
                 raise ApiError(400, str(error), "max_tokens") from None
 
-    async def next_event(events: asyncio.Queue, timeout: float | None = None):
+    async def next_event(events: asyncio.Queue, timeout: float):
         base, event = await asyncio.wait_for(events.get(), timeout)
         if isinstance(event, Failed):
             raise ApiError(500, event.message, code="engine_error")
@@ -175,19 +175,23 @@ def create_app(engine: Engine, tokenizer, model_id: str, *, api_key: str | None 
             choices.add(base + event.choice, event)
 
     async def stream(jobs: list[Job], events: asyncio.Queue, answer: dict, choices: Choices, include_usage: bool):
+        """One event per token; the events that came while the last were sent go out in one write."""
+        head = json.dumps(answer)[:-1] + ', "choices": ['  # the answer's fields, then each chunk's choice
         try:
             while None in choices.reason:
-                try:
-                    base, event = await next_event(events)
-                except ApiError as error:
-                    yield f"data: {json.dumps(error.body())}\n\n"
-                    break
-                chunk = choices.add(base + event.choice, event)
-                yield f"data: {json.dumps({**answer, 'choices': [chunk]})}\n\n"
-            else:
-                if include_usage:
-                    yield f"data: {json.dumps({**answer, 'choices': [], 'usage': choices.usage()})}\n\n"
-                yield "data: [DONE]\n\n"
+                pending = [await events.get()]
+                while not events.empty():
+                    pending.append(events.get_nowait())
+                lines = []
+                for base, event in pending:
+                    if isinstance(event, Failed):
+                        yield "".join(lines) + f"data: {json.dumps(ApiError(500, event.message, code='engine_error').body())}\n\n"
+                        return
+                    lines.append(f"data: {head}{json.dumps(choices.add(base + event.choice, event))}]}}\n\n")
+                yield "".join(lines)
+            if include_usage:
+                yield f"data: {json.dumps({**answer, 'choices': [], 'usage': choices.usage()})}\n\n"
+            yield "data: [DONE]\n\n"
         finally:
             for job in jobs:
                 job.cancel()  # a client that disconnects mid-stream frees its rows at the next iteration

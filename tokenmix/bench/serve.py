@@ -1,0 +1,258 @@
+"""``tokenmix bench --kinds serve``: the real server, driven over HTTP by concurrent streaming clients.
+
+For each model (untrained weights at the demo's shape: the speed does not depend on them) the
+bench writes it as a ``save_pretrained`` folder with the byte tokenizer, starts ``tokenmix serve``
+on it in a child process and, for each concurrency c, lets c clients each send ``--serve-requests``
+streaming requests one after another (prompts of 16-128 random tokens, ``--serve-tokens`` new
+tokens, sampled with their own seeds). Beside it, with the server idle, the same prompts go
+through ``tokenmix.generate`` in this process: c at once (the model's own batched decoding, no
+HTTP) and one at a time. Then a prompt of ``PREFIX_PROMPT`` tokens is sent twice (the second
+resumes from the prefix cache), and a flood of ``FLOOD_REQUESTS`` requests at once hits a server
+with a small ``--max-state-memory``.
+
+Records: ``serve`` (throughput and latency percentiles per concurrency, with the in-process
+rates), ``serve_prefix`` (first and second time to first token) and ``serve_flood`` (how each
+request ended, and the most the states held against the budget).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from ..data.tokenizer import byte_tokenizer
+from ..generation import generate
+from ..models.model import build_model
+from ..table import format_table
+
+SERVE_KINDS = ("serve", "serve_prefix", "serve_flood")
+SERVE = {"models": ["tnn", "tcnca", "mega", "transformer"], "concurrency": [1, 4, 16, 64], "model_dim": 128, "depth": 4}
+VOCAB = 256  # byte-level, as the demo
+PROMPT_LENGTHS = (16, 128)
+PREFIX_PROMPT = 4096
+FLOOD_REQUESTS = 500
+FLOOD_MEMORY_ROWS = 8  # the flood's --max-state-memory: this many rows at FLOOD_ROW_TOKENS
+FLOOD_ROW_TOKENS = 512
+SEQUENTIAL_MAX = 16  # requests run one at a time for the baseline (its rate does not depend on how many)
+PERCENTILES = (50, 95, 99)
+
+
+def percentile(values: list[float], share: int) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(share / 100 * len(ordered) + 0.5) - 1))]
+
+
+def prompts_for(count: int, seed: int = 0) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(PROMPT_LENGTHS[0], PROMPT_LENGTHS[1] + 1, (count,), generator=generator)
+    return [torch.randint(0, VOCAB, (int(length),), generator=generator).tolist() for length in lengths]
+
+
+async def _stream(http, url: str, request: dict) -> dict:
+    """One streaming request: when it was sent, its first token came, it ended, and its tokens."""
+    sent, first, tokens = time.perf_counter(), None, 0
+    async with http.stream("POST", f"{url}/v1/completions", json=request) as response:
+        if response.status_code != 200:
+            return {"status": response.status_code, "sent": sent}
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            if json.loads(line[6:])["choices"][0]["finish_reason"] is None:
+                tokens += 1
+                first = first or time.perf_counter()
+    return {"status": 200, "sent": sent, "first": first, "end": time.perf_counter(), "tokens": tokens}
+
+
+async def _clients(url: str, prompts: list[list[int]], concurrency: int, new_tokens: int) -> tuple[list[dict], float]:
+    """``concurrency`` clients sharing ``prompts`` in turn, each request after the client's previous one."""
+    import httpx
+
+    async def client(index: int, http) -> list[dict]:
+        done = []
+        for number in range(index, len(prompts), concurrency):
+            request = {"prompt": prompts[number], "max_tokens": new_tokens, "stream": True, "temperature": 0.8, "seed": number}
+            done.append(await _stream(http, url, request))
+        return done
+
+    limits = httpx.Limits(max_connections=max(concurrency, FLOOD_REQUESTS))
+    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+        start = time.perf_counter()
+        results = await asyncio.gather(*(client(index, http) for index in range(concurrency)))
+        return [result for done in results for result in done], time.perf_counter() - start
+
+
+def _generate_rate(model, prompts: list[list[int]], new_tokens: int, batch: int) -> float:
+    """Tokens per second of ``tokenmix.generate`` over ``prompts``, ``batch`` at a time (the server idle)."""
+    start = time.perf_counter()
+    for first in range(0, len(prompts), batch):
+        group = [torch.tensor(prompt) for prompt in prompts[first : first + batch]]
+        generate(model, group, new_tokens, temperature=0.8, seed=first)
+    return len(prompts) * new_tokens / (time.perf_counter() - start)
+
+
+def _latencies(results: list[dict]) -> dict:
+    first = [result["first"] - result["sent"] for result in results]
+    per_token = [(result["end"] - result["first"]) / (result["tokens"] - 1) for result in results if result["tokens"] > 1]
+    record = {f"ttft_p{share}_ms": 1000 * percentile(first, share) for share in PERCENTILES}
+    return record | {f"tpot_p{share}_ms": 1000 * percentile(per_token, share) for share in PERCENTILES}
+
+
+def _saved_model(name: str, args, folder: Path):
+    torch.manual_seed(0)
+    model = build_model(name, task="lm", vocab_size=VOCAB, dim=args.model_dim, depth=args.depth).eval()
+    model.save_pretrained(folder)
+    byte_tokenizer().save(folder)
+    return model
+
+
+def serve_records(args, revision: str | None, keep) -> list[dict]:
+    """Every model's records (``keep`` gets them as they come)."""
+    from ..serve.engine import StateSizes
+    from ..serve.launch import ServerProcess
+
+    records: list[dict] = []
+    common = {"threads": args.threads, "dim": args.model_dim, "depth": args.depth, "git_commit": revision}
+    largest = max(args.concurrency)
+    prompts = prompts_for(largest * args.serve_requests)
+    flags = ["--threads", str(args.threads), "--max-batch", str(largest), "--max-prompt-tokens", str(PREFIX_PROMPT)]
+    flags += ["--max-tokens", str(args.serve_tokens)]
+    for name in args.models:
+        with tempfile.TemporaryDirectory() as folder:
+            model = _saved_model(name, args, Path(folder))
+            sequential = _generate_rate(model, prompts[:SEQUENTIAL_MAX], args.serve_tokens, 1)
+            with ServerProcess(folder, *flags) as server:
+                for concurrency in args.concurrency:
+                    chosen = prompts[: concurrency * args.serve_requests]
+                    results, seconds = asyncio.run(_clients(server.url, chosen, concurrency, args.serve_tokens))
+                    tokens = sum(result["tokens"] for result in results)
+                    batched = _generate_rate(model, chosen, args.serve_tokens, concurrency)
+                    record = {"kind": "serve", "model": name, "concurrency": concurrency, "requests": len(results), "tokens": tokens}
+                    record |= {"tokens_per_second": tokens / seconds, "batched_tokens_per_second": batched}
+                    record |= {"sequential_tokens_per_second": sequential, **_latencies(results), **common}
+                    records.append(record)
+                    keep(records)
+                records.append({"kind": "serve_prefix", "model": name, **_prefix(server.url), **common})
+                keep(records)
+            flood_budget = FLOOD_MEMORY_ROWS * StateSizes(model, PREFIX_PROMPT + args.serve_tokens, "cpu").at(FLOOD_ROW_TOKENS)
+            records.append({"kind": "serve_flood", "model": name, **_flood(folder, flags, args.serve_tokens, flood_budget), **common})
+            keep(records)
+    return records
+
+
+def _prefix(url: str) -> dict:
+    """Time to first token of a long prompt, then of the same prompt again (resumed from the cache)."""
+    prompt = prompts_for(1, seed=1)[0] * (PREFIX_PROMPT // PROMPT_LENGTHS[0])
+    prompt = prompt[:PREFIX_PROMPT]
+
+    async def twice():
+        import httpx
+
+        async with httpx.AsyncClient(timeout=600) as http:
+            return [await _stream(http, url, {"prompt": prompt, "max_tokens": 2, "stream": True, "seed": 0}) for _ in range(2)]
+
+    first, second = asyncio.run(twice())
+    ttft = [(result["first"] - result["sent"]) * 1000 for result in (first, second)]
+    return {"prompt_tokens": len(prompt), "first_ttft_ms": ttft[0], "second_ttft_ms": ttft[1], "speedup": ttft[0] / ttft[1]}
+
+
+def _flood(folder: str, flags: list[str], new_tokens: int, budget: int) -> dict:
+    """``FLOOD_REQUESTS`` requests at once against a server with ``--max-state-memory`` ``budget``."""
+    import httpx
+
+    from ..serve.launch import ServerProcess
+
+    with ServerProcess(folder, *flags, "--max-state-memory", str(budget)) as server:
+        results, seconds = asyncio.run(_clients(server.url, prompts_for(FLOOD_REQUESTS, seed=2), FLOOD_REQUESTS, new_tokens))
+        metrics = httpx.get(f"{server.url}/metrics").text
+    statuses = [result["status"] for result in results]
+    complete = sum(1 for result in results if result["status"] == 200 and result["tokens"] == new_tokens)
+    return {
+        "requests": len(results),
+        "completed": complete,
+        "refused_429": statuses.count(429),
+        "lost": len(results) - complete - statuses.count(429),
+        "budget_bytes": budget,
+        "peak_state_bytes": int(_metric(metrics, "tokenmix_state_bytes_peak")),
+        "seconds": seconds,
+    }
+
+
+def _metric(text: str, name: str) -> float:
+    line = next(line for line in text.splitlines() if line.startswith(name + " "))
+    return float(line.split()[1])
+
+
+def serve_tables(records: list[dict]) -> str:
+    """Throughput and latency per model and concurrency; prefix reuse; the flood."""
+    rows = [
+        {
+            "model": r["model"],
+            "clients": r["concurrency"],
+            "tokens_s": r["tokens_per_second"],
+            "batched_tokens_s": r["batched_tokens_per_second"],
+            "vs_batched": r["tokens_per_second"] / r["batched_tokens_per_second"],
+            "vs_one_at_a_time": r["tokens_per_second"] / r["sequential_tokens_per_second"],
+            **{f"ttft_p{share}_ms": r[f"ttft_p{share}_ms"] for share in PERCENTILES},
+            **{f"tpot_p{share}_ms": r[f"tpot_p{share}_ms"] for share in PERCENTILES},
+        }
+        for r in records
+        if r["kind"] == "serve"
+    ]
+    base = {r["model"]: r["tpot_p50_ms"] for r in rows if r["clients"] == min(row["clients"] for row in rows)} if rows else {}
+    for row in rows:
+        row["tpot_vs_1"] = row["tpot_p50_ms"] / base[row["model"]] if row["model"] in base else None
+    tables = [format_table(rows, list(rows[0]))] if rows else []
+    for kind, keys in (
+        ("serve_prefix", ["model", "prompt_tokens", "first_ttft_ms", "second_ttft_ms", "speedup"]),
+        ("serve_flood", ["model", "requests", "completed", "refused_429", "lost", "budget_bytes", "peak_state_bytes"]),
+    ):
+        chosen = [{key: r[key] for key in keys} for r in records if r["kind"] == kind]
+        if chosen:
+            tables.append(format_table(chosen, keys))
+    return "\n\n".join(tables)
+
+
+def write_serve_plots(records: list[dict], folder) -> list[Path]:
+    """Per model: output tokens per second against concurrency (served, batched in process, one at a
+    time), and time per output token (p50, p95)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in records if r["kind"] == "serve"]
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    if not models:
+        return []
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    figure, (rate, latency) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for index, name in enumerate(models):
+        mine = [r for r in rows if r["model"] == name]
+        clients = [r["concurrency"] for r in mine]
+        color = f"C{index}"
+        rate.plot(clients, [r["tokens_per_second"] for r in mine], "o-", color=color, label=f"{name}: served")
+        batched = [r["batched_tokens_per_second"] for r in mine]
+        rate.plot(clients, batched, "s--", color=color, alpha=0.6, label=f"{name}: generate, batched")
+        rate.axhline(mine[0]["sequential_tokens_per_second"], color=color, linestyle=":", alpha=0.6)
+        latency.plot(clients, [r["tpot_p50_ms"] for r in mine], "o-", color=color, label=f"{name} p50")
+        latency.plot(clients, [r["tpot_p95_ms"] for r in mine], "^:", color=color, alpha=0.6, label=f"{name} p95")
+    titles = ((rate, "output tokens per second (dotted: one at a time)", "tokens/s"), (latency, "time per output token", "ms"))
+    for axis, title, unit in titles:
+        axis.set_xscale("log", base=2)
+        axis.set_yscale("log")
+        axis.set_xlabel("concurrent streaming clients")
+        axis.set_ylabel(unit)
+        axis.set_title(title)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
+    figure.tight_layout()
+    path = folder / "serve.png"
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return [path]
