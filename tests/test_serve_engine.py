@@ -16,7 +16,7 @@ from test_contracts import LM_MODELS, model  # noqa: E402
 
 import tokenmix  # noqa: E402
 from tokenmix.serve.engine import Busy, Engine, Failed, Finished, Job, Sampling, Token  # noqa: E402
-from tokenmix.serve.plan import MAX_WAIT, chunk_sizes, join_plan  # noqa: E402
+from tokenmix.serve.plan import JOIN_EVERY, MAX_WAIT, chunk_sizes, join_plan  # noqa: E402
 from tokenmix.serve.text import CompletionText  # noqa: E402
 
 TOKEN_BYTES = [bytes([byte]) for byte in range(20)]  # the test models' 20 ids as bytes
@@ -57,11 +57,11 @@ def submit(engine: Engine, prompt: list[int], sampling: Sampling) -> tuple[Job, 
     return job, collected
 
 
-def decode_batches(network) -> list[int]:
-    """The batch size of every one-token call the model gets (a forward hook)."""
-    sizes = []
-    network.register_forward_hook(lambda module, args, output: sizes.append(args[0].shape[0]) if args[0].shape[1] == 1 else None)
-    return sizes
+def model_calls(network) -> list[tuple[int, int]]:
+    """(batch, tokens) of every call the model gets (a forward hook)."""
+    calls = []
+    network.register_forward_hook(lambda module, args, output: calls.append(tuple(args[0].shape)))
+    return calls
 
 
 @pytest.mark.parametrize("name", LM_MODELS)
@@ -71,8 +71,7 @@ def test_every_served_sequence_equals_generate_alone_while_others_run(name):
     Fails if rows are mispadded (a period too small), share a generator, or are stepped out of turn."""
     network = model(name).double().eval()
     engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=64, max_state_memory=10**10, chunk=8, prefix_min=0)
-    batches = decode_batches(network)
-    thread = running(engine)
+    calls = model_calls(network)
     generator = torch.Generator().manual_seed(3)
     jobs = []
     for index in range(12):
@@ -86,7 +85,9 @@ def test_every_served_sequence_equals_generate_alone_while_others_run(name):
             n=1 + index % 2,
         )
         jobs.append(submit(engine, prompt, sampling))
-        if index % 3 == 2:
+        if index == 5:
+            thread = running(engine)  # the first six arrive together: their prompts are read as one batch
+        if index > 5 and index % 3 == 2:
             jobs[-1][1].done.wait(0.05)  # let some decode before the next arrive
     for job, collected in jobs:
         assert collected.done.wait(60) and collected.failed is None
@@ -96,7 +97,8 @@ def test_every_served_sequence_equals_generate_alone_while_others_run(name):
         assert [collected.tokens[choice] for choice in range(s.n)] == [tokens.tolist() for tokens in alone]
     engine.stop()
     thread.join(5)
-    assert max(batches) >= 4  # rows of different prompts did decode together
+    assert max(batch for batch, tokens in calls if tokens == 1) >= 4  # rows of different prompts did decode together
+    assert max(batch for batch, tokens in calls if tokens > 1) >= 2  # and prompts of different lengths were read together
     assert engine.rows == 0 and engine.reserved == 0
 
 
@@ -105,20 +107,27 @@ def test_every_served_sequence_equals_generate_alone_while_others_run(name):
     tokens=st.integers(1, 300),
     chunk=st.integers(1, 64),
     period=st.sampled_from([None, 1, 3, 8]),
+    now=st.integers(0, 100),
 )
-def test_a_join_plan_lands_on_the_batch_with_whole_periods_of_padding(batch, tokens, chunk, period):
-    plan = join_plan(batch, 0, tokens, chunk, period, 10, 10**6)
+def test_a_join_plan_lands_on_the_batch_with_whole_periods_of_padding(batch, tokens, chunk, period, now):
+    plan = join_plan(batch, 0, tokens, chunk, period, 10, 10**6, now)
     if plan is None:
         return
+    fewest = -(-tokens // chunk)
+    if period == 1 and plan.iterations <= fewest + MAX_WAIT - JOIN_EVERY:  # a joining iteration lies within its wait
+        assert (now + plan.iterations) % JOIN_EVERY == 0
     assert plan.position == batch + plan.iterations == plan.pads + tokens
     assert plan.pads >= 0 and plan.pads % (period or 10**9) == 0
     sizes = chunk_sizes(tokens, chunk, plan.iterations)
     assert len(sizes) == plan.iterations and sum(sizes) == tokens and max(sizes) <= chunk
-    assert plan.iterations - -(-tokens // chunk) <= MAX_WAIT
+    padded = chunk_sizes(plan.position, chunk, plan.iterations)  # the rows as read: padding first
+    assert len(padded) == plan.iterations and sum(padded) == plan.position and padded[-1] > 0
+    assert plan.iterations - fewest <= MAX_WAIT
 
 
 def test_a_join_plan_waits_for_a_batch_behind_and_refuses_one_ahead():
-    assert join_plan(10, 0, 4, 8, 1, 5, 100).pads == 7  # lands at 11 after one chunk
+    assert join_plan(10, 0, 4, 8, 1, 5, 100, now=7).pads == 7  # lands at 11 after one chunk, on iteration 8
+    assert join_plan(10, 0, 4, 8, 1, 5, 100, now=0).iterations == JOIN_EVERY  # waits for the next joining iteration
     assert join_plan(10, 0, 4, 8, None, 5, 100) is None  # unpadded it would have to land at 4: the batch is past it
     assert join_plan(0, 0, 30, 8, None, 5, 100).iterations == 30  # a batch behind: reading slowly to meet it
     assert join_plan(0, 0, 40 + 8 * MAX_WAIT, 8, None, 5, 1000) is None
@@ -171,7 +180,7 @@ def submit_when_room(engine, prompt, sampling, attempts: int = 200):
 def test_a_prompt_that_starts_with_a_cached_one_resumes_from_its_state():
     network = model("tnn").double().eval()
     engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=16, prefix_min=32)
-    calls = decode_batches(network)
+    calls = model_calls(network)
     thread = running(engine)
     prompt = torch.randint(0, 20, (64,)).tolist()
     results = []

@@ -33,6 +33,22 @@ def test_select_keeps_the_chosen_rows_of_every_tensor_in_order():
     assert torch.equal(chosen.caches[0], state.caches[0][[2, 0, 0]]) and torch.equal(chosen.tokens[:, 0], torch.tensor([2, 0, 0]))
     assert chosen.position == 11 and chosen.mixer.position == state.mixer.position and chosen.batch_size == 3
     assert state.batch_size == 3 and state.mixer.inputs[:, 0, 0].tolist() == [0.0, 1.0, 2.0]  # the original is untouched
+    assert state.select([]).batch_size == 0  # no rows (an empty list is not a float tensor)
+
+
+def test_concat_joins_rows_and_assign_writes_them_in_place_refusing_states_that_differ():
+    state = _block()
+    joined = type(state).concat([state, state.select([1])])
+    assert joined.batch_size == 4 and joined.mixer.inputs[:, 0, 0].tolist() == [0.0, 1.0, 2.0, 1.0]
+    inputs = state.mixer.inputs
+    written = state.assign([0, 2], joined.select([3, 3]))
+    assert written.mixer.inputs is inputs and inputs[:, 0, 0].tolist() == [1.0, 1.0, 1.0]  # in place
+    moved = state.select([0])
+    moved.position = 12
+    with pytest.raises(ValueError, match="position"):
+        type(state).concat([state, moved])
+    with pytest.raises(ValueError, match="rows"):
+        state.assign([0], state)
 
 
 def test_to_converts_floating_tensors_only_and_nbytes_counts_every_tensor():
@@ -66,3 +82,13 @@ def test_bad_rows_and_mixed_batch_sizes_are_refused():
     state.caches.append(torch.zeros(4, 1))
     with pytest.raises(ValueError, match=r"share one batch size, got \[3, 4\]"):
         state.select([0])
+
+
+def test_assigning_a_shorter_history_clears_the_rest_of_the_row_and_a_longer_one_widens_the_field():
+    wide, narrow = empty_state(2, 4, capacity=16), empty_state(1, 4, capacity=8)
+    wide.pending.fill_(5.0)  # an earlier stream's sums for future positions
+    narrow.pending.fill_(1.0)
+    written = wide.assign([1], narrow)
+    assert written.pending[1, :8].eq(1).all() and written.pending[1, 8:].eq(0).all() and written.pending[0].eq(5).all()
+    widened = narrow.assign([0], empty_state(1, 4, capacity=32))
+    assert widened.inputs.shape == (1, 32, 4)

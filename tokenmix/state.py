@@ -103,7 +103,7 @@ class StreamState:
 
     def select(self: S, index: torch.Tensor | list[int]) -> S:
         """The state of the batch rows ``index`` (a 1-D tensor or list of row numbers, repeats allowed)."""
-        index = torch.as_tensor(index)
+        index = torch.as_tensor(index, dtype=torch.long if isinstance(index, (list, tuple)) and not index else None)  # [] is no rows
         if index.dtype == torch.bool or index.is_floating_point():
             raise ValueError(f"index must be integer row numbers, got dtype {index.dtype} (for a bool mask, pass mask.nonzero()[:, 0])")
         index = index.long()
@@ -122,6 +122,23 @@ class StreamState:
         if not states or any(type(state) is not cls for state in states):
             raise ValueError(f"concat needs a non-empty list of {cls.__name__}s, got {[type(state).__name__ for state in states]}")
         return _concat(states, cls.__name__, None)
+
+    def assign(self: S, rows: list[int], other: S) -> S:
+        """This state with its rows ``rows`` replaced by the rows of ``other`` (alike in every non-tensor
+        field), written in place where the shapes allow: a server reuses the rows of finished streams
+        for new ones without copying the others. Returns the state (a field is replaced only where
+        ``other``'s needs more room, as a longer history)."""
+        if type(other) is not type(self) or other.batch_size != len(rows):
+            raise ValueError(f"assign needs a {type(self).__name__} of {len(rows)} rows, got {type(other).__name__}")
+        return _concat([self, other], type(self).__name__, None, rows)
+
+    @classmethod
+    def assign_tensor(cls, name: str, mine: torch.Tensor, rows: list[int], theirs: torch.Tensor) -> torch.Tensor:
+        """Field ``name``'s ``mine`` with rows ``rows`` set to ``theirs``, in place (the shapes past the batch must agree)."""
+        if mine.shape[1:] != theirs.shape[1:]:
+            raise ValueError(f"{cls.__name__}.{name} has shapes {tuple(mine.shape[1:])} and {tuple(theirs.shape[1:])} past the batch")
+        mine[rows] = theirs.to(mine.dtype)
+        return mine
 
     @classmethod
     def concat_tensors(cls, name: str, tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -150,29 +167,29 @@ class StreamState:
         return {tensor.dtype for tensor in _tensors(self) if tensor.is_floating_point()}
 
 
-def _concat(values: list, where: str, join):
+def _concat(values: list, where: str, join, rows: list[int] | None = None):
     """``values`` (one per state, alike) as one: tensors by ``join``, states field by field, lists item by
-    item; anything else must be equal."""
+    item; anything else must be equal. With ``rows``: the second's rows written into the first's
+    ``rows`` instead (``StreamState.assign``)."""
     first = values[0]
     if isinstance(first, torch.Tensor):
         return join(values)
     if isinstance(first, StreamState):
         if any(type(value) is not type(first) for value in values):
             raise ValueError(f"{where} holds states of classes {sorted({type(value).__name__ for value in values})}")
-        return type(first)(
-            **{
-                f.name: _concat(
-                    [getattr(value, f.name) for value in values],
-                    f"{where}.{f.name}",
-                    lambda tensors, name=f.name: type(first).concat_tensors(name, tensors),
-                )
-                for f in dataclasses.fields(first)
-            }
-        )
+
+        def joiner(name: str):
+            if rows is None:
+                return lambda tensors: type(first).concat_tensors(name, tensors)
+            return lambda tensors: type(first).assign_tensor(name, tensors[0], rows, tensors[1])
+
+        fields = dataclasses.fields(first)
+        joined = {f.name: _concat([getattr(value, f.name) for value in values], f"{where}.{f.name}", joiner(f.name), rows) for f in fields}
+        return type(first)(**joined)
     if isinstance(first, (list, tuple)):
         if any(not isinstance(value, type(first)) or len(value) != len(first) for value in values):
             raise ValueError(f"{where} holds lists of different lengths")
-        return type(first)(_concat([value[index] for value in values], f"{where}[{index}]", join) for index in range(len(first)))
+        return type(first)(_concat([value[index] for value in values], f"{where}[{index}]", join, rows) for index in range(len(first)))
     if any(value != first for value in values):
         raise ValueError(f"{where} differs between the states ({sorted({repr(value) for value in values})}): they cannot share a batch")
     return first

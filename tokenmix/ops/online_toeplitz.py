@@ -41,9 +41,24 @@ class OnlineToeplitzState(StreamState):
 
     @classmethod
     def concat_tensors(cls, name: str, tensors: list[torch.Tensor]) -> torch.Tensor:
-        """The histories widened to the largest capacity (zeros past the position, as ``_grow`` adds) and joined."""
-        capacity = max(tensor.shape[1] for tensor in tensors)
-        return super().concat_tensors(name, [torch.nn.functional.pad(tensor, (0, 0, 0, capacity - tensor.shape[1])) for tensor in tensors])
+        """The histories joined at the largest capacity (zeros past the position, as ``_grow`` adds), in one copy."""
+        first = tensors[0]
+        joined = first.new_zeros(sum(tensor.shape[0] for tensor in tensors), max(tensor.shape[1] for tensor in tensors), first.shape[2])
+        row = 0
+        for tensor in tensors:
+            joined[row : row + tensor.shape[0], : tensor.shape[1]] = tensor
+            row += tensor.shape[0]
+        return joined
+
+    @classmethod
+    def assign_tensor(cls, name: str, mine: torch.Tensor, rows: list[int], theirs: torch.Tensor) -> torch.Tensor:
+        """Rows written in place when they fit the capacity (the rest of each row zeroed: an earlier stream's
+        pending sums must not reach the new one); a longer history widens the whole field first."""
+        if theirs.shape[1] > mine.shape[1]:
+            mine = torch.nn.functional.pad(mine, (0, 0, 0, theirs.shape[1] - mine.shape[1]))
+        mine[rows] = 0
+        mine[rows, : theirs.shape[1]] = theirs.to(mine.dtype)
+        return mine
 
 
 def empty_state(batch_size: int, dim: int, *, device=None, dtype=torch.float32, capacity: int = 16) -> OnlineToeplitzState:

@@ -106,10 +106,10 @@ class Job:
 
 
 class Row:
-    """One choice of a job decoding in a cohort."""
+    """One choice of a job decoding in a cohort; ``nbytes``: its share of the job's reservation."""
 
     def __init__(self, job: Job, choice: int, token_bytes: list[bytes]):
-        self.job, self.choice = job, choice
+        self.job, self.choice, self.nbytes = job, choice, job.reserved // job.sampling.n
         self.generator = row_generator(job.sampling.seed, choice)
         self.tokens: list[int] = []
         self.text = CompletionText(token_bytes, list(job.sampling.stop))
@@ -117,29 +117,55 @@ class Row:
 
 @dataclass
 class Cohort:
-    """Rows sharing one state at ``position`` (the position it would have when empty and awaited)."""
+    """Rows sharing one state at ``position`` (the position it would have when empty and awaited).
+
+    Removing or adding rows by ``select`` / ``concat`` copies the whole state, which for a Toeplitz
+    model holds every past input: many decoding steps' time. So a finished row leaves a hole (its
+    ``holes`` entry: the bytes it keeps reserved), stepped with token 0, and a joining row takes a
+    hole in place (``StreamState.assign``); the holes are dropped at once when they are half the batch.
+    """
 
     position: int
     rows: list = field(default_factory=list)
     state: object = None
     logits: torch.Tensor | None = None  # (rows, vocab): each row's next-token logits
     joining: int = 0  # prefills planned to land here
+    holes: dict = field(default_factory=dict)  # slot -> bytes it keeps reserved
+
+    def alive(self) -> list[int]:
+        return [index for index, row in enumerate(self.rows) if row is not None]
 
 
 @dataclass
 class Prefill:
-    """A job's prompt being read, one chunk per iteration, from ``state`` towards its cohort."""
+    """Prompts read together, one chunk per iteration, towards the position where they join ``cohort``.
 
-    job: Job
+    New prompts planned in one iteration onto the same landing (cohort, position, iterations) are
+    one batch: right-aligned by their padding, each row is ``plan.position`` tokens long. A prompt
+    resumed from the prefix cache reads alone, from the cached state.
+    """
+
+    jobs: list
+    prompts: list  # each job's prompt ids (the prefix cache's keys)
+    pads: list  # each row's padding: in ``tokens`` (new prompts), or already in the cached state
     cohort: Cohort
     plan: JoinPlan
-    tokens: torch.Tensor  # (1, pads + tokens still to read)
-    mask: torch.Tensor | None  # the pads masked, None without pads
-    sizes: list  # tokens fed in each coming iteration (the first nonzero one carries the pads)
-    state: object
-    logits: torch.Tensor | None  # after the last chunk (or the cached prefix's)
-    prompt: tuple  # the prompt ids, the prefix cache's key
+    tokens: list  # each row's ids still to read, its padding first
+    resumed: bool = False
+    state: object = None  # made at the first chunk, for every row (a resumed prompt: the cached state)
+    logits: torch.Tensor | None = None  # (rows, vocab) after the last chunk (or the cached prompt's)
     fed: int = 0
+    done_iterations: int = 0
+
+    def add(self, job: Job, prompt: tuple, pads: int) -> None:
+        self.jobs.append(job)
+        self.prompts.append(prompt)
+        self.pads.append(pads)
+        self.tokens.append([0] * pads + list(prompt))
+
+    def next_chunk(self, chunk: int) -> int:
+        """Tokens to read this iteration (``chunk_sizes`` of what is left)."""
+        return chunk_sizes(len(self.tokens[0]) - self.fed, chunk, self.plan.iterations - self.done_iterations)[0]
 
 
 @dataclass
@@ -210,6 +236,7 @@ class Engine:
         self.cache: OrderedDict[tuple, CachedPrompt] = OrderedDict()
         self.reserved = self.rows = 0
         self.accepting, self.stopped = True, False
+        self.iterations = 0
         self.metrics = ServeMetrics()
 
     # -- any thread ------------------------------------------------------------------------------
@@ -256,7 +283,7 @@ class Engine:
 
     def idle(self) -> bool:
         with self.lock:
-            return not (self.waiting or self.prefills or any(cohort.rows for cohort in self.cohorts))
+            return not (self.waiting or self.prefills or any(cohort.alive() for cohort in self.cohorts))
 
     def stop(self) -> None:
         with self.lock:
@@ -281,74 +308,91 @@ class Engine:
     def iteration(self) -> None:
         self._drop_cancelled()
         self._admit()
-        for prefill in [prefill for prefill in self.prefills if not prefill.sizes]:
+        for prefill in [prefill for prefill in self.prefills if prefill.done_iterations == prefill.plan.iterations]:
             self._join(prefill)
         made = 0
         for cohort in self.cohorts:
             made += self._decode(cohort)
         for prefill in self.prefills:
             self._feed(prefill)
-        self.cohorts = [cohort for cohort in self.cohorts if cohort.rows or cohort.joining]
+        for cohort in [cohort for cohort in self.cohorts if not (cohort.alive() or cohort.joining)]:
+            self._compact(cohort)
+            self.cohorts.remove(cohort)
+        self.iterations += 1
         self._update_gauges(made)
 
     def _admit(self) -> None:
         with self.lock:
             jobs = sorted(self.waiting, key=lambda job: -len(job.prompt))  # the longest first: the others pad to it
             self.waiting.clear()
+        landings: dict[tuple, Prefill] = {}  # new prompts landing alike this iteration read as one batch
         for job in jobs:
-            self.prefills.append(self._plan(job))
             self.metrics.prompt_tokens.inc(len(job.prompt))
+            self._plan(job, landings)
 
-    def _plan(self, job: Job) -> Prefill:
+    def _plan(self, job: Job, landings: dict) -> None:
         prompt = tuple(job.prompt)
         cached_key = max((key for key in self.cache if len(key) <= len(prompt) and prompt[: len(key)] == key), key=len, default=None)
-        if cached_key is None:
-            start, state, logits = 0, self.model.init_state(1, max_length=self.context, device=self.device), None
-        else:
+        start = 0
+        if cached_key is not None:
             cached = self.cache[cached_key]
             self.cache.move_to_end(cached_key)
             self.metrics.prefix_hits.inc()
-            start, state, logits = cached.pads + len(cached_key), cached.state.select([0]), cached.logits
+            start = cached.pads + len(cached_key)
         remaining = prompt[len(cached_key or ()) :]
-        plans = [
-            (cohort, join_plan(cohort.position, start, len(remaining), self.chunk, self.period, job.sampling.max_tokens, self.context))
-            for cohort in self.cohorts
-        ]
+        limits = (self.chunk, self.period, job.sampling.max_tokens, self.context, self.iterations)
+        plans = [(cohort, join_plan(cohort.position, start, len(remaining), *limits)) for cohort in self.cohorts]
         plans = [(cohort, plan) for cohort, plan in plans if plan is not None]
         if plans:
-            cohort, plan = max(plans, key=lambda pair: (len(pair[0].rows) + pair[0].joining, -pair[1].iterations))
+            cohort, plan = max(plans, key=lambda pair: (len(pair[0].alive()) + pair[0].joining, -pair[1].iterations))
         else:
             plan = alone_plan(start, len(remaining), self.chunk)
             cohort = Cohort(plan.position - plan.iterations)
             self.cohorts.append(cohort)
         cohort.joining += 1
-        sizes = chunk_sizes(len(remaining), self.chunk, plan.iterations)
-        if plan.pads:
-            sizes[next(index for index, size in enumerate(sizes) if size)] += plan.pads
-        tokens = torch.tensor([[0] * plan.pads + list(remaining)], dtype=torch.long, device=self.device)
-        mask = None if not plan.pads else torch.arange(tokens.shape[1], device=self.device)[None] >= plan.pads
-        return Prefill(job, cohort, plan, tokens, mask, sizes, state, logits, prompt)
+        landing = (id(cohort), plan.position, plan.iterations)
+        if cached_key is None and landing in landings:
+            landings[landing].add(job, prompt, plan.pads)
+            return
+        prefill = Prefill([], [], [], cohort, plan, [])
+        if cached_key is None:
+            prefill.add(job, prompt, plan.pads)
+            landings[landing] = prefill
+        else:
+            prefill.jobs, prefill.prompts, prefill.pads, prefill.tokens = [job], [prompt], [cached.pads], [list(remaining)]
+            prefill.resumed, prefill.state, prefill.logits = True, cached.state.select([0]), cached.logits
+        self.prefills.append(prefill)
 
     def _feed(self, prefill: Prefill) -> None:
-        size = prefill.sizes.pop(0)
-        if size == 0 or prefill.job.cancelled:
+        size = prefill.next_chunk(self.chunk)
+        prefill.done_iterations += 1
+        if size == 0 or all(job.cancelled for job in prefill.jobs):
             return
+        rows = len(prefill.jobs)
+        if prefill.state is None:
+            prefill.state = self.model.init_state(rows, max_length=self.context, device=self.device)
         part = slice(prefill.fed, prefill.fed + size)
-        mask = None if prefill.mask is None else prefill.mask[:, part]
-        logits, prefill.state = self.model(prefill.tokens[:, part], mask, state=prefill.state, return_state=True)
+        tokens = torch.tensor([row[part] for row in prefill.tokens], dtype=torch.long, device=self.device)
+        mask = None
+        if not prefill.resumed and any(pads > prefill.fed for pads in prefill.pads):
+            positions = torch.arange(prefill.fed, prefill.fed + size, device=self.device)
+            mask = positions[None] >= torch.tensor(prefill.pads, device=self.device)[:, None]
+        logits, prefill.state = self.model(tokens, mask, state=prefill.state, return_state=True)
         prefill.logits, prefill.fed = logits[:, -1], prefill.fed + size
-        if not prefill.sizes and self.prefix_min and len(prefill.prompt) >= self.prefix_min:
-            self._remember(prefill)
+        if prefill.fed == len(prefill.tokens[0]) and self.prefix_min:
+            for row, prompt in enumerate(prefill.prompts):
+                if len(prompt) >= self.prefix_min:
+                    self._remember(prompt, prefill.pads[row], prefill.state.select([row]), prefill.logits[row : row + 1])
 
-    def _remember(self, prefill: Prefill) -> None:
-        """Keep the prompt's state for later requests that start with it, while memory allows."""
-        entry = CachedPrompt(prefill.plan.pads, prefill.state, prefill.logits, prefill.state.nbytes())
+    def _remember(self, prompt: tuple, pads: int, state, logits: torch.Tensor) -> None:
+        """Keep a prompt's state for later requests that start with it, while memory allows."""
+        entry = CachedPrompt(pads, state, logits, state.nbytes())
         with self.lock:
-            self.cache.pop(prefill.prompt, None)
+            self.cache.pop(prompt, None)
             while self.cache and (len(self.cache) >= self.prefix_entries or self._over_budget(entry.nbytes)):
                 self.cache.popitem(last=False)
             if not self._over_budget(entry.nbytes):
-                self.cache[prefill.prompt] = entry
+                self.cache[prompt] = entry
 
     def _over_budget(self, extra: int) -> bool:
         return self.reserved + self._cached_bytes() + extra > self.budget
@@ -358,34 +402,70 @@ class Engine:
 
     def _join(self, prefill: Prefill) -> None:
         self.prefills.remove(prefill)
-        cohort, job = prefill.cohort, prefill.job
-        cohort.joining -= 1
-        if job.cancelled:
-            return
+        cohort = prefill.cohort
+        cohort.joining -= len(prefill.jobs)
         if cohort.position != prefill.plan.position:  # pragma: no cover - the plan guarantees it
             raise RuntimeError(f"a prefill planned for position {prefill.plan.position} found its batch at {cohort.position}")
-        choices = range(job.sampling.n)
-        state = prefill.state.select([0] * len(choices))  # a copy: the cached prompt's state stays as it was
-        logits = prefill.logits.expand(len(choices), -1)
-        rows = [Row(job, choice, self.token_bytes) for choice in choices]
-        if cohort.rows:
+        index, rows = [], []
+        for member, job in enumerate(prefill.jobs):
+            if not job.cancelled:
+                index += [member] * job.sampling.n
+                rows += [Row(job, choice, self.token_bytes) for choice in range(job.sampling.n)]
+        if not rows:
+            return
+        state = prefill.state.select(index)  # a copy: a cached prompt's state stays as it was
+        logits = prefill.logits[index]
+        if not cohort.alive():
+            self._compact(cohort)
+        slots = sorted(cohort.holes)[: len(rows)]
+        if slots:  # into holes, in place
+            cohort.state = cohort.state.assign(slots, state.select(list(range(len(slots)))))
+            cohort.logits[slots] = logits[: len(slots)]
+            for slot, row in zip(slots, rows, strict=False):
+                cohort.rows[slot] = row
+            self._release(sum(cohort.holes.pop(slot) for slot in slots))
+            state, logits, rows = state.select(list(range(len(slots), len(rows)))), logits[len(slots) :], rows[len(slots) :]
+        if rows and cohort.rows:
             cohort.state = type(state).concat([cohort.state, state])
             cohort.logits = torch.cat([cohort.logits, logits])
-        else:
+        elif rows:
             cohort.state, cohort.logits = state, logits
         cohort.rows += rows
 
+    def _leave(self, cohort: Cohort, slot: int) -> None:
+        """Row ``slot`` is done: a hole that keeps its bytes reserved until it is reused or dropped."""
+        row = cohort.rows[slot]
+        cohort.rows[slot], cohort.holes[slot] = None, row.nbytes
+        with self.lock:
+            self.reserved += row.nbytes
+
+    def _compact(self, cohort: Cohort) -> None:
+        """Drop the holes (one ``select`` of the state)."""
+        alive = cohort.alive()
+        if len(alive) < len(cohort.rows):
+            cohort.rows = [cohort.rows[index] for index in alive]
+            cohort.state = cohort.state.select(alive) if alive else None
+            cohort.logits = cohort.logits[alive] if alive else None
+        self._release(sum(cohort.holes.values()))
+        cohort.holes = {}
+
+    def _release(self, nbytes: int) -> None:
+        with self.lock:
+            self.reserved -= nbytes
+
     def _decode(self, cohort: Cohort) -> int:
         """One token for every row of ``cohort``; returns how many were made."""
-        rows = cohort.rows
         cohort.position += 1
-        if not rows:
+        alive = cohort.alive()
+        if not alive:
             return 0
-        picks = self._choose(cohort.logits, rows)
+        rows = [cohort.rows[index] for index in alive]
+        logits = cohort.logits[alive] if len(alive) < len(cohort.rows) else cohort.logits
+        picks = self._choose(logits, rows)
         wanted = [index for index, row in enumerate(rows) if row.job.sampling.logprobs is not None]
-        logprobs = dict(zip(wanted, self._logprobs(cohort.logits[wanted], [picks[i] for i in wanted], rows, wanted), strict=True))
-        now, kept = time.monotonic(), []
-        for index, (row, token) in enumerate(zip(rows, picks, strict=True)):
+        logprobs = dict(zip(wanted, self._logprobs(logits[wanted], [picks[i] for i in wanted], rows, wanted), strict=True))
+        now, inputs = time.monotonic(), [0] * len(cohort.rows)
+        for index, slot, row, token in zip(range(len(rows)), alive, rows, picks, strict=True):
             job = row.job
             if job.first_token is None:
                 job.first_token = now
@@ -394,19 +474,17 @@ class Engine:
             job.tokens += 1
             job.emit(Token(row.choice, token, row.text.add(token), logprobs.get(index)))
             reason = "stop" if row.text.stopped else "length" if len(row.tokens) >= job.sampling.max_tokens else None
-            if reason is None:
-                kept.append(index)
-            else:
+            inputs[slot] = token
+            if reason is not None:
                 job.emit(Finished(row.choice, reason, row.text.finish()))
+                self._leave(cohort, slot)
                 self._row_done(job)
-        cohort.rows = [rows[index] for index in kept]
-        if not kept:
-            cohort.state = cohort.logits = None
-            return len(rows)
-        state = cohort.state if len(kept) == len(rows) else cohort.state.select(kept)
-        inputs = torch.tensor([picks[index] for index in kept], device=self.device)[:, None]
-        logits, cohort.state = self.model(inputs, state=state, return_state=True)
-        cohort.logits = logits[:, -1]
+        if 2 * len(cohort.holes) >= len(cohort.rows):
+            inputs = [inputs[index] for index in cohort.alive()]
+            self._compact(cohort)
+        if cohort.rows:
+            logits, cohort.state = self.model(torch.tensor(inputs, device=self.device)[:, None], state=cohort.state, return_state=True)
+            cohort.logits = logits[:, -1]
         return len(rows)
 
     def _choose(self, logits: torch.Tensor, rows: list[Row]) -> list[int]:
@@ -452,24 +530,23 @@ class Engine:
         for job in gone:
             for _ in range(job.unfinished):
                 self._row_done(job, cancelled=True)
-        for prefill in [prefill for prefill in self.prefills if prefill.job.cancelled]:
+        for prefill in self.prefills:
+            for job in prefill.jobs:
+                for _ in range(job.unfinished if job.cancelled else 0):
+                    self._row_done(job, cancelled=True)
+        for prefill in [prefill for prefill in self.prefills if all(job.cancelled for job in prefill.jobs)]:
             self.prefills.remove(prefill)
-            prefill.cohort.joining -= 1
-            for _ in range(prefill.job.unfinished):
-                self._row_done(prefill.job, cancelled=True)
+            prefill.cohort.joining -= len(prefill.jobs)
         for cohort in self.cohorts:
-            kept = [index for index, row in enumerate(cohort.rows) if not row.job.cancelled]
-            if len(kept) < len(cohort.rows):
-                for row in cohort.rows:
-                    if row.job.cancelled:
-                        self._row_done(row.job, cancelled=True)
-                cohort.rows = [cohort.rows[index] for index in kept]
-                cohort.state = cohort.state.select(kept) if kept else None
-                cohort.logits = cohort.logits[kept] if kept else None
+            for slot, row in enumerate(cohort.rows):
+                if row is not None and row.job.cancelled:
+                    self._leave(cohort, slot)
+                    self._row_done(row.job, cancelled=True)
 
     def _fail_all(self, message: str) -> None:
-        jobs = {id(row.job): row.job for cohort in self.cohorts for row in cohort.rows}
-        jobs.update({id(prefill.job): prefill.job for prefill in self.prefills})
+        jobs = {id(row.job): row.job for cohort in self.cohorts for row in cohort.rows if row is not None}
+        self._release(sum(nbytes for cohort in self.cohorts for nbytes in cohort.holes.values()))
+        jobs.update({id(job): job for prefill in self.prefills for job in prefill.jobs})
         self.cohorts, self.prefills = [], []
         for job in jobs.values():
             job.emit(Failed(message))
@@ -482,7 +559,7 @@ class Engine:
     def _update_gauges(self, made: int) -> None:
         metrics = self.metrics
         metrics.made(made)
-        metrics.batch_size.set(sum(len(cohort.rows) for cohort in self.cohorts))
+        metrics.batch_size.set(sum(len(cohort.alive()) for cohort in self.cohorts))
         metrics.queue.set(len(self.waiting) + len(self.prefills))
-        states = [cohort.state for cohort in self.cohorts if cohort.state is not None] + [prefill.state for prefill in self.prefills]
+        states = [holder.state for holder in [*self.cohorts, *self.prefills] if holder.state is not None]
         metrics.held(sum(state.nbytes() for state in states) + self._cached_bytes())

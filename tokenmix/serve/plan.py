@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 MAX_WAIT = 32  # iterations a prefill may idle to land on a batch, at one step each: a short delay of its first token
 PAD_FLOOR = 256  # padding always allowed (a row may otherwise at most double its length)
+JOIN_EVERY = 8  # prefills land, where they can, on iterations that are multiples of this: one copy of the batch's state for all
 
 
 @dataclass(frozen=True)
@@ -32,23 +33,26 @@ def chunks_needed(tokens: int, chunk: int) -> int:
 
 
 def join_plan(
-    batch_position: int, start: int, tokens: int, chunk: int, period: int | None, max_tokens: int, context: int
+    batch_position: int, start: int, tokens: int, chunk: int, period: int | None, max_tokens: int, context: int, now: int = 0
 ) -> JoinPlan | None:
     """How a stream at position ``start`` (0: a new prompt, which may be padded; else a cached prefix,
     which may not) with ``tokens`` prompt tokens still to read joins a batch now at ``batch_position``,
-    or None when it cannot within ``MAX_WAIT`` iterations, the padding budget and the ``context``."""
+    or None when it cannot within ``MAX_WAIT`` iterations, the padding budget and the ``context``.
+    Of the ways it can, the first that lands on an iteration (counted from ``now``) that is a multiple
+    of ``JOIN_EVERY``, else the soonest: joining copies the batch's state, once for all that land together."""
     fewest = chunks_needed(tokens, chunk)
     lag = start + tokens - batch_position  # iterations that land it unpadded
     if start > 0 or period is None:
-        iterations = lag
+        candidates = range(lag, lag + 1)
     else:
-        iterations = max(fewest, lag)
-        iterations += (lag - iterations) % period  # pads = iterations - lag: a multiple of the period
-    pads = iterations - lag
-    if iterations < fewest or iterations - fewest > MAX_WAIT or pads > max(PAD_FLOOR, tokens + max_tokens):
+        first = max(fewest, lag)
+        candidates = range(first + (lag - first) % period, fewest + MAX_WAIT + 1, period)  # pads: multiples of the period
+    room, last = max(PAD_FLOOR, tokens + max_tokens), min(fewest + MAX_WAIT, context - max_tokens - batch_position)
+    usable = [iterations for iterations in candidates if fewest <= iterations <= last and iterations - lag <= room]
+    if not usable:
         return None
-    position = batch_position + iterations
-    return None if position + max_tokens > context else JoinPlan(iterations, position, pads)
+    iterations = next((it for it in usable if (now + it) % JOIN_EVERY == 0), usable[0])
+    return JoinPlan(iterations, batch_position + iterations, iterations - lag)
 
 
 def alone_plan(start: int, tokens: int, chunk: int) -> JoinPlan:
@@ -57,10 +61,9 @@ def alone_plan(start: int, tokens: int, chunk: int) -> JoinPlan:
 
 
 def chunk_sizes(tokens: int, chunk: int, iterations: int) -> list[int]:
-    """Tokens to feed in each of ``iterations`` iterations: nothing first while the prefill waits, then
-    even chunks of at most ``chunk`` that end in the last iteration."""
-    count = chunks_needed(tokens, chunk)
-    if count > iterations:
-        raise ValueError(f"{tokens} tokens need {count} chunks of {chunk}, more than {iterations} iterations")
+    """Tokens to read in each of ``iterations`` iterations: nothing first while the prefill waits, then
+    even chunks that end in the last iteration, of at most ``chunk`` unless padding made the rows
+    longer than that many iterations of ``chunk`` hold."""
+    count = min(iterations, chunks_needed(tokens, chunk))
     sizes = [tokens // count + (index < tokens % count) for index in range(count)] if count else []
     return [0] * (iterations - count) + sizes
