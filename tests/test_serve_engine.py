@@ -16,7 +16,7 @@ from test_contracts import LM_MODELS, model  # noqa: E402
 
 import tokenmix  # noqa: E402
 from tokenmix.serve.engine import Busy, Engine, Failed, Finished, Job, Sampling, Token  # noqa: E402
-from tokenmix.serve.plan import JOIN_EVERY, MAX_WAIT, chunk_sizes, join_plan  # noqa: E402
+from tokenmix.serve.plan import JOIN_EVERY, MAX_WAIT, PAD_FLOOR, chunk_sizes, join_plan  # noqa: E402
 from tokenmix.serve.text import CompletionText  # noqa: E402
 
 TOKEN_BYTES = [bytes([byte]) for byte in range(20)]  # the test models' 20 ids as bytes
@@ -114,7 +114,8 @@ def test_a_join_plan_lands_on_the_batch_with_whole_periods_of_padding(batch, tok
     if plan is None:
         return
     fewest = -(-tokens // chunk)
-    if period == 1 and plan.iterations <= fewest + MAX_WAIT - JOIN_EVERY:  # a joining iteration lies within its wait
+    later_usable = plan.iterations + JOIN_EVERY <= fewest + MAX_WAIT and plan.pads + JOIN_EVERY <= max(PAD_FLOOR, tokens + 10)
+    if period == 1 and later_usable:  # a joining iteration lies within its wait and padding budget
         assert (now + plan.iterations) % JOIN_EVERY == 0
     assert plan.position == batch + plan.iterations == plan.pads + tokens
     assert plan.pads >= 0 and plan.pads % (period or 10**9) == 0
