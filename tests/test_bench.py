@@ -223,6 +223,7 @@ def test_cases_skip_modes_a_mixer_or_model_lacks():
         (["--mixers", "nope"], "argument --mixers: must be comma-separated names among attention"),
         (["--models", "nope", "--kinds", "model"], "argument --models: must be comma-separated names among fd_tnn"),
         (["--mixers", "tcn", "--kinds", "mixer", "-o", "tnc.kernel_size=17"], "'tnc' is not among the benchmarked names ['tcn']"),
+        (["--kinds", "serve,model"], "--kinds serve runs alone, not with ['model']"),
     ],
 )
 def test_bad_bench_arguments(arguments, message, capsys):
@@ -407,3 +408,29 @@ def test_bad_generate_options_are_refused_before_anything_is_measured(flags, mes
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", *GENERATE_SIZES, "--models", "tnn", "--lengths", "8", "--stream-lengths", "8", *flags, "--output", str(output)])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err and not output.exists()
+
+
+@pytest.mark.slow
+def test_serve_run_drives_the_real_server_and_writes_records_tables_and_a_plot(tmp_path, capsys):
+    """A tiny ``--kinds serve`` run: every concurrency of every model, prefix reuse and the flood, each a record."""
+    pytest.importorskip("fastapi", reason='bench --kinds serve needs the serve extra: pip install "tokenmix[serve]"')
+    output, plots = tmp_path / "serve.json", tmp_path / "plots"
+    flags = ["--kinds", "serve", "--models", "tnn,transformer", "--concurrency", "1,3", "--serve-requests", "1", "--serve-tokens", "4"]
+    flags += ["--model-dim", "16", "--depth", "1", "--threads", "1", "--output", str(output), "--plot", str(plots)]
+    assert main(["bench", *flags]) == 0
+    records = json.loads(output.read_text())
+    assert [(r["kind"], r["model"], r.get("concurrency")) for r in records] == [
+        (kind, model, concurrency)
+        for model in ("tnn", "transformer")
+        for kind, concurrency in (("serve", 1), ("serve", 3), ("serve_prefix", None), ("serve_flood", None))
+    ]
+    for record in records:
+        if record["kind"] == "serve":
+            assert record["tokens"] == 4 * record["concurrency"] and record["tokens_per_second"] > 0
+        if record["kind"] == "serve_flood":
+            assert record["lost"] == 0 and record["completed"] + record["refused_429"] == 500
+            assert record["peak_state_bytes"] <= record["budget_bytes"]
+    printed = capsys.readouterr().out
+    assert "vs_batched" in printed and "second_ttft_ms" in printed and "refused_429" in printed
+    assert (plots / "serve.png").stat().st_size > 0
+    assert bench_cli.bench_tables(records) in printed
