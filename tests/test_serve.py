@@ -232,9 +232,10 @@ def test_500_requests_at_once_against_a_small_memory_each_complete_or_get_429(ru
 
 @pytest.mark.slow
 def test_sigterm_lets_running_requests_finish_refuses_new_ones_and_exits(run):
-    server = serving(run)
+    long = 3000  # tokens: the stream is still running when the signal comes
+    server = serving(run, "--max-tokens", str(long))
     try:
-        request = {"prompt": "To be", "max_tokens": MAX_TOKENS, "stream": True, "temperature": 0}
+        request = {"prompt": "To be", "max_tokens": long, "stream": True, "temperature": 0}
         with httpx.Client(timeout=60) as http, http.stream("POST", f"{server.url}/v1/completions", json=request) as response:
             lines = response.iter_lines()
             first = next(line for line in lines if line.startswith("data: "))
@@ -246,7 +247,7 @@ def test_sigterm_lets_running_requests_finish_refuses_new_ones_and_exits(run):
             refused = httpx.post(f"{server.url}/v1/completions", json={"prompt": "a"})
             assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
             rest = [first, *(line for line in lines if line.startswith("data: "))]
-        assert rest[-1] == "data: [DONE]" and len(rest) == MAX_TOKENS + 2  # every token, the finish, [DONE]
+        assert rest[-1] == "data: [DONE]" and len(rest) == long + 2  # every token, the finish, [DONE]
         assert server.process.wait(30) == 0
     finally:
         server.stop()

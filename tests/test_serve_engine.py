@@ -218,3 +218,31 @@ def test_a_model_failure_fails_the_running_requests_and_the_engine_goes_on():
     engine.stop()
     thread.join(5)
     assert engine.rows == 0 and engine.reserved == 0
+
+
+@pytest.mark.parametrize("moment", ["queued", "reading", "joining"])
+def test_a_request_cancelled_while_its_prompt_is_read_frees_its_room(moment):
+    """Cancelled while queued, while its prompt is read, or as the read prompt joins its batch (after the
+    engine looked for cancelled requests in that iteration): its rows and bytes come back, and the
+    request beside it completes."""
+    engine = Engine(model("tnn").eval(), TOKEN_BYTES, context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=4, prefix_min=0)
+    _, kept = submit(engine, [1] * 12, Sampling(max_tokens=20))
+    cancelled, _ = submit(engine, [2] * 10, Sampling(max_tokens=3, n=2))
+    join = engine._join
+
+    def joining(prefill):
+        if moment == "joining" and cancelled in prefill.jobs:
+            cancelled.cancel()
+        join(prefill)
+
+    engine._join = joining
+    with torch.no_grad():
+        if moment == "queued":
+            cancelled.cancel()
+        for iteration in range(100):
+            engine.iteration()
+            if moment == "reading" and iteration == 1:
+                cancelled.cancel()
+            if not engine.unfinished:
+                break
+    assert len(kept.tokens[0]) == 20 and engine.rows == 0 and engine.reserved == 0

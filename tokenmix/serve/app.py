@@ -27,6 +27,19 @@ from .requests import ApiError, Completion, Limits, parse_completion
 DISCONNECT_POLL = 0.5  # seconds between checks that a non-streaming client is still there
 
 
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, read no further than ``limit`` bytes past which it is refused (413)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the request body is {declared} bytes; this server takes at most {limit}")
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > limit:
+            raise ApiError(413, f"the request body is more than {limit} bytes; this server takes at most {limit}")
+    return bytes(body)
+
+
 def error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
@@ -39,7 +52,7 @@ class Choices:
         count = len(completion.prompts) * self.n
         self.text, self.reason = [""] * count, [None] * count
         self.logprobs = [{"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []} for _ in range(count)]
-        self.prompt_tokens, self.completion_tokens = sum(map(len, completion.prompts)) * self.n, 0
+        self.prompt_tokens, self.completion_tokens = sum(map(len, completion.prompts)), 0  # each prompt once, as OpenAI counts
 
     def add(self, index: int, event) -> dict:
         """Record ``event`` of choice ``index``; returns that choice's streamed chunk."""
@@ -51,7 +64,7 @@ class Choices:
                     "tokens": [event.logprobs["token"]],
                     "token_logprobs": [event.logprobs["logprob"]],
                     "top_logprobs": [event.logprobs["top"]],
-                    "text_offset": [len(self.text[index])],
+                    "text_offset": [event.logprobs["offset"]],
                 }
                 for key, values in logprobs.items():
                     self.logprobs[index][key] += values
@@ -114,7 +127,7 @@ def create_app(engine: Engine, tokenizer, model_id: str, *, api_key: str | None 
     @app.post("/v1/completions")
     async def completions(request: Request):
         authorize(request)
-        completion = parse_completion(await request.body(), model_id, tokenizer, vocab_size, limits)
+        completion = parse_completion(await read_body(request, limits.max_request_bytes), model_id, tokenizer, vocab_size, limits)
         events: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
         jobs = []

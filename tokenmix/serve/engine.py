@@ -85,7 +85,7 @@ class Failed:
     message: str
 
 
-@dataclass
+@dataclass(eq=False)  # a job is itself, not its fields: the engine keeps a set of them
 class Job:
     """A request inside the engine: its prompt ids, settings, and where its events go (``emit`` is
     called from the engine's thread)."""
@@ -238,6 +238,7 @@ class Engine:
         self.reserved = self.rows = 0
         self.accepting, self.stopped = True, False
         self.iterations = 0
+        self.unfinished: set[Job] = set()  # admitted and not yet answered in full: what a failure must reach
         self.metrics = ServeMetrics()
 
     # -- any thread ------------------------------------------------------------------------------
@@ -275,6 +276,7 @@ class Engine:
             self.reserved += need
             self.rows += need_rows
             self.waiting.append(job)
+            self.unfinished.add(job)
             self.lock.notify()
 
     def drain(self) -> None:
@@ -283,8 +285,9 @@ class Engine:
             self.accepting = False
 
     def idle(self) -> bool:
+        """No request is waiting, reading its prompt or decoding."""
         with self.lock:
-            return not (self.waiting or self.prefills or any(cohort.alive() for cohort in self.cohorts))
+            return not self.unfinished
 
     def stop(self) -> None:
         with self.lock:
@@ -333,11 +336,21 @@ class Engine:
 
     def _plan(self, job: Job, landings: dict) -> None:
         prompt = tuple(job.prompt)
-        cached_key = max((key for key in self.cache if len(key) <= len(prompt) and prompt[: len(key)] == key), key=len, default=None)
+        sampling = job.sampling
+        room = max(PAD_FLOOR, len(prompt) + sampling.max_tokens)  # the padding its reservation allows
+
+        def resumable(key: tuple) -> bool:
+            entry = self.cache[key]
+            fits = entry.pads <= room and entry.pads + len(prompt) + sampling.max_tokens <= self.context
+            return fits and len(key) <= len(prompt) and prompt[: len(key)] == key
+
+        with self.lock:  # ``submit`` evicts from the cache in the HTTP threads
+            cached_key = max(filter(resumable, self.cache), key=len, default=None)
+            if cached_key is not None:
+                cached = self.cache[cached_key]
+                self.cache.move_to_end(cached_key)
         start = 0
         if cached_key is not None:
-            cached = self.cache[cached_key]
-            self.cache.move_to_end(cached_key)
             self.metrics.prefix_hits.inc()
             start = cached.pads + len(cached_key)
         remaining = prompt[len(cached_key or ()) :]
@@ -367,7 +380,7 @@ class Engine:
     def _feed(self, prefill: Prefill) -> None:
         size = prefill.next_chunk(self.chunk)
         prefill.done_iterations += 1
-        if size == 0 or all(job.cancelled for job in prefill.jobs):
+        if size == 0 or all(job.unfinished == 0 for job in prefill.jobs):
             return
         rows = len(prefill.jobs)
         if prefill.state is None:
@@ -379,7 +392,7 @@ class Engine:
             positions = torch.arange(prefill.fed, prefill.fed + size, device=self.device)
             mask = positions[None] >= torch.tensor(prefill.pads, device=self.device)[:, None]
         logits, prefill.state = self.model(tokens, mask, state=prefill.state, return_state=True)
-        prefill.logits, prefill.fed = logits[:, -1], prefill.fed + size
+        prefill.logits, prefill.fed = logits[:, -1].clone(), prefill.fed + size  # not a view keeping the chunk's logits
         if prefill.fed == len(prefill.tokens[0]) and self.prefix_min:
             for row, prompt in enumerate(prefill.prompts):
                 if len(prompt) >= self.prefix_min:
@@ -395,7 +408,7 @@ class Engine:
             if not self._over_budget(entry.nbytes):
                 self.cache[prompt] = entry
 
-    def _over_budget(self, extra: int) -> bool:
+    def _over_budget(self, extra: int) -> bool:  # under the lock, as every reader of the cache
         return self.reserved + self._cached_bytes() + extra > self.budget
 
     def _cached_bytes(self) -> int:
@@ -407,9 +420,10 @@ class Engine:
         cohort.joining -= len(prefill.jobs)
         if cohort.position != prefill.plan.position:  # pragma: no cover - the plan guarantees it
             raise RuntimeError(f"a prefill planned for position {prefill.plan.position} found its batch at {cohort.position}")
+        self._settle_cancelled(prefill.jobs)
         index, rows = [], []
         for member, job in enumerate(prefill.jobs):
-            if not job.cancelled:
+            if job.unfinished:
                 index += [member] * job.sampling.n
                 rows += [Row(job, choice, self.token_bytes) for choice in range(job.sampling.n)]
         if not rows:
@@ -473,6 +487,8 @@ class Engine:
                 self.metrics.first_token.observe(now - job.arrived)
             row.tokens.append(token)
             job.tokens += 1
+            if index in logprobs:  # where the token's text begins in the completion's (characters)
+                logprobs[index]["offset"] = len(row.text.raw.decode("utf-8", errors="replace"))
             job.emit(Token(row.choice, token, row.text.add(token), logprobs.get(index)))
             reason = "stop" if row.text.stopped else "length" if len(row.tokens) >= job.sampling.max_tokens else None
             inputs[slot] = token
@@ -480,7 +496,8 @@ class Engine:
                 job.emit(Finished(row.choice, reason, row.text.finish()))
                 self._leave(cohort, slot)
                 self._row_done(job)
-        if 4 * len(cohort.holes) >= 3 * len(cohort.rows):
+        outgrown = any(nbytes < self.sizes.at(cohort.position + 1) for nbytes in cohort.holes.values())  # past their reservation
+        if outgrown or 4 * len(cohort.holes) >= 3 * len(cohort.rows):
             inputs = [inputs[index] for index in cohort.alive()]
             self._compact(cohort)
         if cohort.rows:
@@ -519,23 +536,28 @@ class Engine:
             self.rows -= 1
             if job.unfinished == 0:
                 self.reserved -= job.reserved
+                self.unfinished.discard(job)
                 self.metrics.requests.labels("cancelled" if cancelled else "completed").inc()
                 if not cancelled and job.tokens > job.sampling.n and job.first_token is not None:
                     self.metrics.per_token.observe((time.monotonic() - job.first_token) / (job.tokens / job.sampling.n - 1))
+
+    def _settle_cancelled(self, jobs) -> None:
+        """Release the rows of the cancelled ones of ``jobs`` not yet released (``cancelled`` may turn
+        true at any moment in another thread: each job is read once)."""
+        for job in jobs:
+            if job.cancelled:
+                for _ in range(job.unfinished):
+                    self._row_done(job, cancelled=True)
 
     def _drop_cancelled(self) -> None:
         with self.lock:
             gone = [job for job in self.waiting if job.cancelled]
             for job in gone:
                 self.waiting.remove(job)
-        for job in gone:
-            for _ in range(job.unfinished):
-                self._row_done(job, cancelled=True)
+        self._settle_cancelled(gone)
         for prefill in self.prefills:
-            for job in prefill.jobs:
-                for _ in range(job.unfinished if job.cancelled else 0):
-                    self._row_done(job, cancelled=True)
-        for prefill in [prefill for prefill in self.prefills if all(job.cancelled for job in prefill.jobs)]:
+            self._settle_cancelled(prefill.jobs)
+        for prefill in [prefill for prefill in self.prefills if all(job.unfinished == 0 for job in prefill.jobs)]:
             self.prefills.remove(prefill)
             prefill.cohort.joining -= len(prefill.jobs)
         for cohort in self.cohorts:
@@ -545,12 +567,17 @@ class Engine:
                     self._row_done(row.job, cancelled=True)
 
     def _fail_all(self, message: str) -> None:
-        jobs = {id(row.job): row.job for cohort in self.cohorts for row in cohort.rows if row is not None}
+        """Every unanswered request gets ``Failed`` and its room back; the engine starts afresh."""
         self._release(sum(nbytes for cohort in self.cohorts for nbytes in cohort.holes.values()))
-        jobs.update({id(job): job for prefill in self.prefills for job in prefill.jobs})
         self.cohorts, self.prefills = [], []
-        for job in jobs.values():
-            job.emit(Failed(message))
+        with self.lock:
+            jobs, self.unfinished = list(self.unfinished), set()
+            self.waiting.clear()
+        for job in jobs:
+            try:
+                job.emit(Failed(message))
+            except RuntimeError:  # its event loop is closed: the server is stopping
+                pass
             with self.lock:
                 self.rows -= job.unfinished
                 self.reserved -= job.reserved
@@ -563,4 +590,6 @@ class Engine:
         metrics.batch_size.set(sum(len(cohort.alive()) for cohort in self.cohorts))
         metrics.queue.set(len(self.waiting) + len(self.prefills))
         states = [holder.state for holder in [*self.cohorts, *self.prefills] if holder.state is not None]
-        metrics.held(sum(state.nbytes() for state in states) + self._cached_bytes())
+        with self.lock:
+            cached = self._cached_bytes()
+        metrics.held(sum(state.nbytes() for state in states) + cached)
