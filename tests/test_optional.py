@@ -27,3 +27,6 @@ def test_serve_explains_its_extra_without_fastapi(tiny_runs):
     code += f"tokenmix.cli.main(['serve', {str(tiny_runs['lm'])!r}])\n"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and 'error: tokenmix serve needs its optional extra: pip install "tokenmix[serve]"' in result.stderr
+    code = code.replace(f"['serve', {str(tiny_runs['lm'])!r}]", "['bench', '--kinds', 'serve']")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and 'error: bench --kinds serve needs its optional extra: pip install "tokenmix[serve]"' in result.stderr

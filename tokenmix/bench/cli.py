@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import platform
@@ -386,8 +387,10 @@ def run_scale(args) -> int:
 
 def run_serve_bench(args) -> int:
     """``--kinds serve``: the records of every model, written as they come; the tables and plot at the end."""
-    from ..serve.requests import ApiError  # noqa: F401 - the serve extra must be installed: a clear error now, not mid-run
+    from ..cli.serve import SERVE_EXTRA
 
+    if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("httpx") is None:
+        raise ValueError(SERVE_EXTRA.replace("tokenmix serve", "bench --kinds serve"))  # now, not mid-run
     set_threads(args.threads)
     check_output_path(args.output, "--output")
     check_output_path(args.plot, "--plot", directory=True)
