@@ -24,14 +24,16 @@ from .base import PADDING_SIDES, Mixer
 from .registry import register_mixer
 
 
-def sinusoid_positions(count: int, dim: int, device=None) -> torch.Tensor:
-    """(count, dim) sinusoidal encodings of distances 0 .. count - 1 (Vaswani et al.)."""
-    distances = torch.arange(count, device=device, dtype=torch.float32)[:, None]
-    frequencies = torch.exp(torch.arange(0, dim, 2, device=device, dtype=torch.float32) * (-math.log(10000.0) / dim))
-    encoding = torch.zeros(count, dim, device=device)
+def sinusoid_positions(count: int, dim: int, device=None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(count, dim) sinusoidal encodings of distances 0 .. count - 1 (Vaswani et al.), in float64 for
+    float64, else computed in float32 and given in ``dtype``."""
+    computed = torch.promote_types(dtype, torch.float32)
+    distances = torch.arange(count, device=device, dtype=computed)[:, None]
+    frequencies = torch.exp(torch.arange(0, dim, 2, device=device, dtype=computed) * (-math.log(10000.0) / dim))
+    encoding = torch.zeros(count, dim, device=device, dtype=computed)
     encoding[:, 0::2] = torch.sin(distances * frequencies)
     encoding[:, 1::2] = torch.cos(distances * frequencies)[:, : dim // 2]
-    return encoding
+    return encoding.to(dtype)
 
 
 @dataclass
@@ -92,7 +94,7 @@ class RelativeAttention(Mixer):
         total = context.shape[1]
         q = linear_in_dtype(x, self.query).view(batch, n, self.heads, self.head_dim)
         k, v = linear_in_dtype(context, self.key_value).view(batch, total, 2, self.heads, self.head_dim).unbind(2)
-        r = linear_in_dtype(sinusoid_positions(total, dim, x.device).to(x.dtype), self.position).view(total, self.heads, self.head_dim)
+        r = linear_in_dtype(sinusoid_positions(total, dim, x.device, x.dtype), self.position).view(total, self.heads, self.head_dim)
         mixed = relative_attention(q, k, v, r, self.content_bias, self.position_bias, key_mask, self.dropout)
         return linear_in_dtype(mixed.reshape(batch, n, dim), self.out)
 

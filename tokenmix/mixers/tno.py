@@ -32,10 +32,11 @@ from .rpe import RelativePositionEncoder, RpeOptions
 from .toeplitz_stream import ToeplitzStreaming
 
 
-def relative_lags(n: int, causal: bool, device=None) -> torch.Tensor:
-    """Lags 0..n-1 (causal) or -(n-1)..n-1 (bidirectional), as float."""
+def relative_lags(n: int, causal: bool, device=None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Lags 0..n-1 (causal) or -(n-1)..n-1 (bidirectional), as float: float64 for a float64 module (its
+    decay then the same on every device), else float32 (exact lags below 2^24, also for half modules)."""
     start = 0 if causal else -(n - 1)
-    return torch.arange(start, n, device=device, dtype=torch.float32)
+    return torch.arange(start, n, device=device, dtype=torch.promote_types(dtype, torch.float32))
 
 
 class ExponentialDecay(nn.Module):
@@ -56,7 +57,7 @@ class ExponentialDecay(nn.Module):
         return self.floor + (1.0 - self.floor) * torch.sigmoid(self.logit)
 
     def forward(self, lags: torch.Tensor) -> torch.Tensor:
-        return torch.exp(lags.abs() * torch.log(self.rate().to(lags.device)))
+        return torch.exp(lags.abs() * torch.log(self.rate().to(lags)))
 
     def extra_repr(self) -> str:
         return f"decay={self.floor}, learnable={self.logit is not None}"
@@ -108,13 +109,13 @@ class Tno(ToeplitzStreaming, ToeplitzOperator, ChannelSliced, Mixer):
 
     def kernel(self, n: int, channels: slice = slice(None)) -> torch.Tensor:
         """Explicit t_k by lag: (n, channels) causal or (2n - 1, channels) bidirectional."""
-        lags = relative_lags(n, self.causal, self.rpe.output.weight.device)
         output = self.rpe.output
+        lags = relative_lags(n, self.causal, output.weight.device, output.weight.dtype)
         return self.decay(lags)[:, None] * F.linear(self.rpe.features(lags), output.weight[channels], output.bias[channels])
 
     def spectrum_factors(self, n: int, fft_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(basis spectrum (e + 1, N/2 + 1), readout (e + 1, dim)): the spectrum is readout^T @ basis."""
-        lags = relative_lags(n, self.causal, self.rpe.output.weight.device)
+        lags = relative_lags(n, self.causal, self.rpe.output.weight.device, self.rpe.output.weight.dtype)
         decay = self.decay(lags)[:, None]
         basis = torch.cat([decay * self.rpe.features(lags), decay], dim=1)
         readout = torch.cat([self.rpe.output.weight.t(), self.rpe.output.bias[None]], dim=0)

@@ -127,8 +127,8 @@ class Tno2d(GridMixer):
 
     def offsets(self, grid: tuple[int, int]) -> torch.Tensor:
         """(2H - 1, 2W - 1, 2): the offsets (di, dj) by row and column of the kernel layout, as float."""
-        device = self.rpe.output.weight.device
-        rows, columns = (relative_lags(size, causal=False, device=device) for size in grid)
+        weight = self.rpe.output.weight
+        rows, columns = (relative_lags(size, causal=False, device=weight.device, dtype=weight.dtype) for size in grid)
         return torch.stack(torch.meshgrid(rows, columns, indexing="ij"), dim=-1)
 
     def kernel(self, grid: tuple[int, int]) -> torch.Tensor:

@@ -62,8 +62,9 @@ def check_distil(model: SequenceModel, order: int, window: int, horizon: int) ->
 
 def fit_kernel(kernel: torch.Tensor, orders: Sequence[int], window: int) -> list[tuple[dict, dict]]:
     """For each order: (the ``ssm``'s modes and taps, the fit's errors per channel), for kernels (horizon, channels).
-    Each block of channels' Hankel matrices is decomposed once for every order."""
-    kernel = kernel.double()
+    Each block of channels' Hankel matrices is decomposed once for every order, on the CPU in float64
+    (the least squares use LAPACK's gelsd, which CUDA lacks; the matrices are small)."""
+    kernel = kernel.detach().cpu().double()
     fits = {order: [] for order in orders}
     for start in range(0, kernel.shape[1], CHANNEL_BLOCK):  # one block's (L, L) matrices held at a time
         spectrum = hankel_spectrum(kernel[window:, start : start + CHANNEL_BLOCK])

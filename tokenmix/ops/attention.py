@@ -38,15 +38,15 @@ def rotary(x: torch.Tensor, offset: int = 0) -> torch.Tensor:
     """Rotary position embedding (Su et al. 2021) of positions offset .. offset + n - 1 on x (..., n, e), e even.
 
     Pairs (x_2i, x_2i+1) turn by angle t * 10000^(-2i/e), so q_s . k_t depends on s - t only, to the
-    rounding of the angles: float32, or float64 for float64 x (a sequence split into shards at other
+    rounding of the angles: computed in float64, used in float32, or float64 for float64 x (a sequence split into shards at other
     offsets then scores the same to float64 rounding).
     """
     n, e = x.shape[-2], x.shape[-1]
     if e % 2:
         raise ValueError(f"rotary positions need an even head width, got {e}")
-    frequencies = torch.exp(torch.arange(0, e, 2, device=x.device, dtype=torch.float32) * (-math.log(10000.0) / e))
+    frequencies = torch.exp(torch.arange(0, e, 2, device=x.device, dtype=torch.float64) * (-math.log(10000.0) / e))
     positions = torch.arange(offset, offset + n, device=x.device, dtype=torch.float64)
-    angles = positions[:, None] * frequencies.double()
+    angles = positions[:, None] * frequencies
     angles = angles if x.dtype == torch.float64 else angles.float()
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     even, odd = x[..., 0::2], x[..., 1::2]

@@ -45,7 +45,8 @@ class ModalFit:
 def hankel_matrices(kernel: torch.Tensor, shift: int = 0) -> torch.Tensor:
     """(channels, L, L) Hankel matrices H_ij = g_(i+j+shift) of kernels (L, channels), zero past the end."""
     length = kernel.shape[0]
-    index = torch.arange(length)[:, None] + torch.arange(length)[None, :] + shift
+    index = torch.arange(length, device=kernel.device)
+    index = index[:, None] + index[None, :] + shift
     padded = torch.cat([kernel.t(), kernel.new_zeros(kernel.shape[1], length + shift)], dim=1)
     return padded[:, index]
 
@@ -112,7 +113,7 @@ def refit_residues(kernel: torch.Tensor, poles: torch.Tensor, start: torch.Tenso
     """Residues r minimising sum_l (g_l - Re sum_n r_n p_n^l)^2 per channel with the poles fixed (real least
     squares over Re r and Im r); ``start``'s where the refit would not lower the error (rank-deficient sets)."""
     length = kernel.shape[0]
-    powers = torch.exp(poles.log()[..., None] * torch.arange(length, dtype=torch.float64))  # (channels, N, L)
+    powers = torch.exp(poles.log()[..., None] * torch.arange(length, dtype=torch.float64, device=poles.device))  # (channels, N, L)
     design = torch.cat([powers.real, -powers.imag], dim=1).transpose(1, 2)  # (channels, L, 2N)
     solution = torch.linalg.lstsq(design, kernel.t()[..., None], driver="gelsd").solution[..., 0]
     order = poles.shape[1]
