@@ -193,7 +193,8 @@ def test_training_on_the_device_resumes_there_and_its_checkpoint_loads_on_cpu(te
 
 
 def test_an_interrupted_run_resumed_on_the_device_ends_as_one_never_interrupted(text_file, tmp_path):
-    """Its dropout draws are the device's: the checkpoint keeps that generator's state too."""
+    """With dropout drawn on the device: each step seeds every device's generator (``torch.manual_seed``
+    of the step's seed), so the resumed steps draw what the uninterrupted ones drew."""
     straight = Trainer(tiny_config(text_file, tmp_path / "a", device=str(DEVICE)), progress=False)
     straight.run()
     interrupted = Trainer(tiny_config(text_file, tmp_path / "b", device=str(DEVICE)), progress=False)

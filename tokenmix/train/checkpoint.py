@@ -136,13 +136,11 @@ def _first_line(error: Exception) -> str:
 
 
 def rng_state() -> dict:
-    """torch's (CPU, and each CUDA device's once CUDA is in use: dropout draws there), numpy's and
-    Python's global RNG states as tensors and plain numbers."""
+    """torch's, numpy's and Python's global RNG states as tensors and plain numbers."""
     _, keys, position, has_gauss, cached_gaussian = np.random.get_state()
     version, internal, gauss_next = random.getstate()
     return {
         "torch": torch.get_rng_state(),
-        **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_initialized() else {}),
         "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "position": position, "has_gauss": has_gauss, "cached": cached_gaussian},
         "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
     }
@@ -154,10 +152,8 @@ def check_rng_state(state: dict, path) -> None:
     numpy_state, python_state = state.get("numpy"), state.get("python")
     torch_state = state.get("torch")
     problem = None
-    if not _is_byte_state(torch_state):
+    if not (isinstance(torch_state, torch.Tensor) and torch_state.dtype == torch.uint8 and torch_state.dim() == 1):
         problem = "'torch' must be a 1-D uint8 tensor"
-    elif "cuda" in state and not (isinstance(state["cuda"], list) and all(map(_is_byte_state, state["cuda"]))):
-        problem = "'cuda' must be a list of 1-D uint8 tensors"
     elif not isinstance(numpy_state, dict) or not _is_int_tensor(numpy_state.get("keys"), (624,)):
         problem = "'numpy' must hold 'keys', 624 integers"
     elif not all(_is_int(numpy_state.get(key)) for key in ("position", "has_gauss")) or not _is_number(numpy_state.get("cached")):
@@ -172,10 +168,6 @@ def check_rng_state(state: dict, path) -> None:
         problem = "'python' must hold integers in 'internal' and a number or None in 'gauss_next'"
     if problem:
         raise ValueError(f"checkpoint {str(path)!r}: its RNG state is malformed ({problem})")
-
-
-def _is_byte_state(value) -> bool:
-    return isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1
 
 
 def _is_int(value) -> bool:
@@ -199,8 +191,6 @@ def restore_rng_state(state: dict, path) -> None:
         numpy_tuple = ("MT19937", keys, int(numpy_state["position"]), int(numpy_state["has_gauss"]), float(numpy_state["cached"]))
         python_tuple = (python_state["version"], tuple(python_state["internal"]), python_state["gauss_next"])
         torch.set_rng_state(state["torch"])
-        if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(state["cuda"])  # else resumed on other devices: their draws start afresh
         np.random.set_state(numpy_tuple)
         random.setstate(python_tuple)
     except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as error:
