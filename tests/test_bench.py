@@ -427,10 +427,12 @@ def test_serve_run_drives_the_real_server_and_writes_records_tables_and_a_plot(t
     for record in records:
         if record["kind"] == "serve":
             assert record["tokens"] == 4 * record["concurrency"] and record["tokens_per_second"] > 0
+            phases = [record[f"engine_{phase}_seconds"] for phase in ("join", "decode", "prefill", "schedule")]
+            assert record["engine_decode_seconds"] > 0 and min(phases) >= 0 and sum(phases) <= record["seconds"]
         if record["kind"] == "serve_flood":
             assert record["lost"] == 0 and record["completed"] + record["refused_429"] == 500
             assert record["peak_state_bytes"] <= record["budget_bytes"]
     printed = capsys.readouterr().out
-    assert "vs_batched" in printed and "second_ttft_ms" in printed and "refused_429" in printed
+    assert "vs_batched" in printed and "second_ttft_ms" in printed and "refused_429" in printed and "prefill_s" in printed
     assert (plots / "serve.png").stat().st_size > 0
     assert bench_cli.bench_tables(records) in printed

@@ -117,6 +117,7 @@ def test_64_concurrent_requests_each_get_what_generate_gives_them_alone(served, 
         assert got == alone(network, request["prompt"], request["max_tokens"], **options), request
     metrics = httpx.get(f"{served.url}/metrics", headers=headers()).text
     assert 'tokenmix_requests_total{outcome="completed"}' in metrics and "tokenmix_time_to_first_token_seconds_count" in metrics
+    assert 'tokenmix_engine_seconds_total{phase="decode"}' in metrics and 'tokenmix_engine_seconds_total{phase="prefill"}' in metrics
 
 
 MALFORMED = [

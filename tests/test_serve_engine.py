@@ -4,6 +4,7 @@ gives it alone, over every causal model; the join plan, the completion text, adm
 from __future__ import annotations
 
 import threading
+from unittest.mock import patch
 
 import pytest
 
@@ -135,6 +136,33 @@ def test_a_join_plan_waits_for_a_batch_behind_and_refuses_one_ahead():
     assert join_plan(10, 0, 4, 8, 1, 95, 100) is None  # past the context
 
 
+def test_prompts_arriving_over_several_iterations_are_read_together_and_joined_by_one_copy():
+    """Three prompts come one iteration apart while a batch decodes; each lands on it at the same joining
+    iteration: one prefill call of three rows, one concat, and every answer that of generate alone."""
+    network = model("tnn").double().eval()
+    engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=64, prefix_min=0)
+    calls = model_calls(network)
+    state_class = type(network.init_state(1, max_length=CONTEXT))
+    concat, concats = state_class.concat, []
+    requests = [([1, 2, 3] * 8, Sampling(max_tokens=40, seed=0))]  # a batch past the others' lengths: they join it
+    requests += [(list(range(1, 6 + 3 * k)), Sampling(max_tokens=20, temperature=0.5, seed=k)) for k in range(1, 4)]
+    jobs = [submit(engine, *requests[0])]
+    with torch.no_grad():
+        while not (engine.cohorts and engine.cohorts[0].rows):  # the first decodes on its own
+            engine.iteration()
+        with patch.object(state_class, "concat", lambda states: concats.append(len(states)) or concat(states)):
+            for request in requests[1:]:
+                jobs.append(submit(engine, *request))
+                engine.iteration()
+            while engine.unfinished:
+                engine.iteration()
+    prefills = [batch for batch, tokens in calls if tokens > 1]
+    assert prefills[-1] == 3 and concats == [2]  # read as one batch of three rows; the cohort copied once
+    for (prompt, sampling), (_, collected) in zip(requests, jobs, strict=True):
+        options = {"temperature": sampling.temperature, "seed": sampling.seed, "max_length": CONTEXT}
+        assert collected.tokens[0] == tokenmix.generate(network, [torch.tensor(prompt)], sampling.max_tokens, **options)[0].tolist()
+
+
 def test_completion_text_cuts_before_a_stop_and_holds_back_what_could_start_one():
     text = CompletionText([b"a", b"b", b"c", b"\xc3", b"\xa9"], ["bc"])
     assert text.add(0) == "a"
@@ -230,10 +258,10 @@ def test_a_request_cancelled_while_its_prompt_is_read_frees_its_room(moment):
     cancelled, _ = submit(engine, [2] * 10, Sampling(max_tokens=3, n=2))
     join = engine._join
 
-    def joining(prefill):
-        if moment == "joining" and cancelled in prefill.jobs:
+    def joining(prefills):
+        if moment == "joining" and any(cancelled in prefill.jobs for prefill in prefills):
             cancelled.cancel()
-        join(prefill)
+        join(prefills)
 
     engine._join = joining
     with torch.no_grad():

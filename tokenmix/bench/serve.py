@@ -28,6 +28,7 @@ import torch
 from ..data.tokenizer import byte_tokenizer
 from ..generation import generate
 from ..models.model import build_model
+from ..serve import ENGINE_PHASES
 from ..table import format_table
 
 SERVE_KINDS = ("serve", "serve_prefix", "serve_flood")
@@ -128,11 +129,14 @@ def serve_records(args, revision: str | None, keep) -> list[dict]:
             with ServerProcess(folder, *flags) as server:
                 for concurrency in args.concurrency:
                     chosen = prompts[: concurrency * args.serve_requests]
+                    before = _engine_seconds(server.url)
                     results, seconds = asyncio.run(_clients(server.url, chosen, concurrency, args.serve_tokens))
+                    after = _engine_seconds(server.url)
                     tokens = sum(result["tokens"] for result in results)
                     batched = _generate_rate(model, chosen, args.serve_tokens, concurrency)
                     record = {"kind": "serve", "model": name, "concurrency": concurrency, "requests": len(results), "tokens": tokens}
-                    record |= {"tokens_per_second": tokens / seconds, "batched_tokens_per_second": batched}
+                    record |= {"tokens_per_second": tokens / seconds, "batched_tokens_per_second": batched, "seconds": seconds}
+                    record |= {f"engine_{phase}_seconds": after[phase] - before[phase] for phase in ENGINE_PHASES}
                     record |= {"sequential_tokens_per_second": sequential, **_latencies(results), **common}
                     records.append(record)
                     keep(records)
@@ -183,8 +187,19 @@ def _flood(folder: str, flags: list[str], new_tokens: int, budget: int) -> dict:
 
 
 def _metric(text: str, name: str) -> float:
+    """The value of the sample ``name`` (with its labels, as the text format writes them) in ``text``."""
     line = next(line for line in text.splitlines() if line.startswith(name + " "))
-    return float(line.split()[1])
+    return float(line.split()[-1])
+
+
+def _engine_seconds(url: str) -> dict[str, float]:
+    """The server's ``tokenmix_engine_seconds`` by phase so far (0 for a phase not yet timed)."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics").text
+    lines = {line.split(" ")[0] for line in text.splitlines()}
+    samples = {phase: f'tokenmix_engine_seconds_total{{phase="{phase}"}}' for phase in ENGINE_PHASES}
+    return {phase: _metric(text, sample) if sample in lines else 0.0 for phase, sample in samples.items()}
 
 
 def serve_tables(records: list[dict]) -> str:
@@ -207,6 +222,19 @@ def serve_tables(records: list[dict]) -> str:
     for row in rows:
         row["tpot_vs_1"] = row["tpot_p50_ms"] / base[row["model"]] if row["model"] in base else None
     tables = [format_table(rows, list(rows[0]))] if rows else []
+    phases = [
+        {
+            "model": r["model"],
+            "clients": r["concurrency"],
+            "served_s": r["seconds"],
+            "batched_s": r["tokens"] / r["batched_tokens_per_second"],
+            **{f"{phase}_s": r[f"engine_{phase}_seconds"] for phase in ENGINE_PHASES},
+        }
+        for r in records
+        if r["kind"] == "serve" and "seconds" in r
+    ]
+    if phases:
+        tables.append(format_table(phases, list(phases[0])))
     for kind, keys in (
         ("serve_prefix", ["model", "prompt_tokens", "first_ttft_ms", "second_ttft_ms", "speedup"]),
         ("serve_flood", ["model", "requests", "completed", "refused_429", "lost", "budget_bytes", "peak_state_bytes"]),

@@ -2,3 +2,5 @@
 
 Needs the optional extra: ``pip install "tokenmix[serve]"`` (FastAPI, uvicorn, prometheus_client).
 """
+
+ENGINE_PHASES = ("join", "decode", "prefill", "schedule")  # where the engine's iterations spend their time (``/metrics``)

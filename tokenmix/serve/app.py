@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import threading
 import time
 import uuid
 from importlib import resources
@@ -38,6 +39,27 @@ async def read_body(request: Request, limit: int) -> bytes:
         if len(body) > limit:
             raise ApiError(413, f"the request body is more than {limit} bytes; this server takes at most {limit}")
     return bytes(body)
+
+
+class Mailbox:
+    """Events from the engine's thread to the requests' queues on their event loop, with one wake-up of
+    the loop for all the events posted while it was busy (an iteration posts one per running row)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self.pending, self.lock = loop, [], threading.Lock()
+
+    def post(self, queue: asyncio.Queue, item) -> None:
+        with self.lock:
+            self.pending.append((queue, item))
+            wake = len(self.pending) == 1
+        if wake:
+            self.loop.call_soon_threadsafe(self.deliver)
+
+    def deliver(self) -> None:
+        with self.lock:
+            pending, self.pending = self.pending, []
+        for queue, item in pending:
+            queue.put_nowait(item)
 
 
 def error_response(error: ApiError) -> JSONResponse:
@@ -84,6 +106,7 @@ def create_app(engine: Engine, tokenizer, model_id: str, *, api_key: str | None 
     app = FastAPI(title="tokenmix serve", docs_url=None, redoc_url=None, openapi_url=None)
     created = int(time.time())
     vocab_size = engine.model.config.vocab_size
+    mailboxes: dict[asyncio.AbstractEventLoop, Mailbox] = {}  # the server's one loop (a test may run others)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError):
@@ -129,12 +152,12 @@ def create_app(engine: Engine, tokenizer, model_id: str, *, api_key: str | None 
         authorize(request)
         completion = parse_completion(await read_body(request, limits.max_request_bytes), model_id, tokenizer, vocab_size, limits)
         events: asyncio.Queue = asyncio.Queue()
-        loop = asyncio.get_running_loop()
+        mailbox = mailboxes.setdefault(asyncio.get_running_loop(), Mailbox(asyncio.get_running_loop()))
         jobs = []
         for base, prompt in enumerate(completion.prompts):
 
             def emit(event, base=base * completion.sampling.n):
-                loop.call_soon_threadsafe(events.put_nowait, (base, event))
+                mailbox.post(events, (base, event))
 
             jobs.append(Job(prompt, completion.sampling, emit))
         submit(jobs)

@@ -179,6 +179,18 @@ class CachedPrompt:
     nbytes: int
 
 
+class PhaseClock:
+    """Adds the time since its last lap to ``counter`` under a phase label (``ServeMetrics.engine_seconds``)."""
+
+    def __init__(self, counter):
+        self.counter, self.last = counter, time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.counter.labels(phase).inc(now - self.last)
+        self.last = now
+
+
 class StateSizes:
     """Bytes one row's state holds at a position, measured once on the model itself: a row streamed
     to each power of two up to ``context`` (each bound holds every position below it, capacity and
@@ -310,31 +322,40 @@ class Engine:
                 self._fail_all(f"the model failed: {type(error).__name__}: {error}")
 
     def iteration(self) -> None:
+        clock = PhaseClock(self.metrics.engine_seconds)
         self._drop_cancelled()
         self._admit()
-        for prefill in [prefill for prefill in self.prefills if prefill.done_iterations == prefill.plan.iterations]:
-            self._join(prefill)
+        clock.lap("schedule")
+        landing: dict[int, list[Prefill]] = {}  # by cohort: the prefills that join it now
+        for prefill in self.prefills:
+            if prefill.done_iterations == prefill.plan.iterations:
+                landing.setdefault(id(prefill.cohort), []).append(prefill)
+        for prefills in landing.values():
+            self._join(prefills)
+        clock.lap("join")
         made = 0
         for cohort in self.cohorts:
             made += self._decode(cohort)
+        clock.lap("decode")
         for prefill in self.prefills:
             self._feed(prefill)
+        clock.lap("prefill")
         for cohort in [cohort for cohort in self.cohorts if not (cohort.alive() or cohort.joining)]:
             self._compact(cohort)
             self.cohorts.remove(cohort)
         self.iterations += 1
         self._update_gauges(made)
+        clock.lap("schedule")
 
     def _admit(self) -> None:
         with self.lock:
             jobs = sorted(self.waiting, key=lambda job: -len(job.prompt))  # the longest first: the others pad to it
             self.waiting.clear()
-        landings: dict[tuple, Prefill] = {}  # new prompts landing alike this iteration read as one batch
         for job in jobs:
             self.metrics.prompt_tokens.inc(len(job.prompt))
-            self._plan(job, landings)
+            self._plan(job)
 
-    def _plan(self, job: Job, landings: dict) -> None:
+    def _plan(self, job: Job) -> None:
         prompt = tuple(job.prompt)
         sampling = job.sampling
         room = max(PAD_FLOOR, len(prompt) + sampling.max_tokens)  # the padding its reservation allows
@@ -364,14 +385,15 @@ class Engine:
             cohort = Cohort(plan.position - plan.iterations)
             self.cohorts.append(cohort)
         cohort.joining += 1
-        landing = (id(cohort), plan.position, plan.iterations)
-        if cached_key is None and landing in landings:
-            landings[landing].add(job, prompt, plan.pads)
-            return
+        if cached_key is None:  # a new prompt joins the unstarted prefill landing alike: one batch, read and joined once
+            alike = (prefill for prefill in self.prefills if prefill.cohort is cohort and prefill.plan.position == plan.position)
+            prefill = next((prefill for prefill in alike if not prefill.resumed and prefill.state is None), None)
+            if prefill is not None:
+                prefill.add(job, prompt, plan.pads)
+                return
         prefill = Prefill([], [], [], cohort, plan, [])
         if cached_key is None:
             prefill.add(job, prompt, plan.pads)
-            landings[landing] = prefill
         else:
             prefill.jobs, prefill.prompts, prefill.pads, prefill.tokens = [job], [prompt], [cached.pads], [list(remaining)]
             prefill.resumed, prefill.state, prefill.logits = True, cached.state.select([0]), cached.logits
@@ -414,22 +436,30 @@ class Engine:
     def _cached_bytes(self) -> int:
         return sum(entry.nbytes for entry in self.cache.values())
 
-    def _join(self, prefill: Prefill) -> None:
-        self.prefills.remove(prefill)
-        cohort = prefill.cohort
-        cohort.joining -= len(prefill.jobs)
-        if cohort.position != prefill.plan.position:  # pragma: no cover - the plan guarantees it
-            raise RuntimeError(f"a prefill planned for position {prefill.plan.position} found its batch at {cohort.position}")
-        self._settle_cancelled(prefill.jobs)
-        index, rows = [], []
-        for member, job in enumerate(prefill.jobs):
-            if job.unfinished:
-                index += [member] * job.sampling.n
-                rows += [Row(job, choice, self.token_bytes) for choice in range(job.sampling.n)]
+    def _join(self, prefills: list[Prefill]) -> None:
+        """The rows of ``prefills``, done reading, join their cohort: into its holes in place, the rest
+        appended by one ``concat`` (a copy of the cohort's whole state, once for all of them)."""
+        cohort = prefills[0].cohort
+        parts, rows = [], []
+        for prefill in prefills:
+            self.prefills.remove(prefill)
+            cohort.joining -= len(prefill.jobs)
+            if cohort.position != prefill.plan.position:  # pragma: no cover - the plan guarantees it
+                raise RuntimeError(f"a prefill planned for position {prefill.plan.position} found its batch at {cohort.position}")
+            self._settle_cancelled(prefill.jobs)
+            index = []
+            for member, job in enumerate(prefill.jobs):
+                if job.unfinished:
+                    index += [member] * job.sampling.n
+                    rows += [Row(job, choice, self.token_bytes) for choice in range(job.sampling.n)]
+            if index == list(range(len(prefill.jobs))):  # each row once: the prefill's own state (nothing else holds it)
+                parts.append((prefill.state, prefill.logits))
+            elif index:
+                parts.append((prefill.state.select(index), prefill.logits[index]))
         if not rows:
             return
-        state = prefill.state.select(index)  # a copy: a cached prompt's state stays as it was
-        logits = prefill.logits[index]
+        state = parts[0][0] if len(parts) == 1 else type(parts[0][0]).concat([part for part, _ in parts])
+        logits = torch.cat([part for _, part in parts])
         if not cohort.alive():
             self._compact(cohort)
         slots = sorted(cohort.holes)[: len(rows)]

@@ -29,6 +29,13 @@ class ServeMetrics:
         self.queue = Gauge("queue_length", "Requests waiting or reading their prompt", **options)
         self.state_bytes = Gauge("state_bytes", "Bytes held by streaming states and the prefix cache", **options)
         self.state_bytes_peak = Gauge("state_bytes_peak", "The most state_bytes has been since the server started", **options)
+        self.engine_seconds = Counter(
+            "engine_seconds",
+            "Seconds the engine spent joining read prompts to their batch, decoding, reading prompts "
+            "(prefill) and scheduling (admission, compaction, gauges)",
+            ["phase"],
+            **options,
+        )
         self.tokens_per_second = Gauge("tokens_per_second", f"Tokens generated per second over the last {RATE_WINDOW:g} s", **options)
         self._recent: deque = deque()
 
