@@ -163,6 +163,20 @@ def test_prompts_arriving_over_several_iterations_are_read_together_and_joined_b
         assert collected.tokens[0] == tokenmix.generate(network, [torch.tensor(prompt)], sampling.max_tokens, **options)[0].tolist()
 
 
+@pytest.mark.parametrize(("first_tokens", "batches"), [(60, 1), (10, 2)])
+def test_a_new_prompt_joins_a_batch_that_lasts_and_starts_its_own_beside_one_about_to_end(first_tokens, batches):
+    """Joining pads a prompt to the batch's position: worth it while the batch's rows go on, not when
+    they all end within ``MAX_WAIT`` tokens of a request that lives longer."""
+    engine = Engine(model("tnn").eval(), TOKEN_BYTES, context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=64, prefix_min=0)
+    submit(engine, [1] * 20, Sampling(max_tokens=first_tokens))
+    with torch.no_grad():
+        while not (engine.cohorts and engine.cohorts[0].rows):
+            engine.iteration()
+        submit(engine, [2] * 5, Sampling(max_tokens=60))
+        engine.iteration()
+    assert len(engine.cohorts) == batches
+
+
 def test_completion_text_cuts_before_a_stop_and_holds_back_what_could_start_one():
     text = CompletionText([b"a", b"b", b"c", b"\xc3", b"\xa9"], ["bc"])
     assert text.add(0) == "a"

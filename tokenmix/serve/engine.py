@@ -29,7 +29,7 @@ import torch
 
 from ..generation import choose_tokens, row_generator
 from .metrics import ServeMetrics
-from .plan import PAD_FLOOR, JoinPlan, alone_plan, chunk_sizes, join_plan
+from .plan import MAX_WAIT, PAD_FLOOR, JoinPlan, alone_plan, chunk_sizes, join_plan
 from .text import CompletionText, token_text
 
 
@@ -135,6 +135,10 @@ class Cohort:
 
     def alive(self) -> list[int]:
         return [index for index, row in enumerate(self.rows) if row is not None]
+
+    def life(self) -> int:
+        """Iterations until its last row ends (at most: a stop may end a row sooner)."""
+        return max((row.job.sampling.max_tokens - len(row.tokens) for row in self.rows if row is not None), default=0)
 
 
 @dataclass
@@ -376,7 +380,8 @@ class Engine:
             start = cached.pads + len(cached_key)
         remaining = prompt[len(cached_key or ()) :]
         limits = (self.chunk, self.period, job.sampling.max_tokens, self.context, self.iterations)
-        plans = [(cohort, join_plan(cohort.position, start, len(remaining), *limits)) for cohort in self.cohorts]
+        lasting = [cohort for cohort in self.cohorts if cohort.joining or cohort.life() >= min(sampling.max_tokens, MAX_WAIT)]
+        plans = [(cohort, join_plan(cohort.position, start, len(remaining), *limits)) for cohort in lasting]
         plans = [(cohort, plan) for cohort, plan in plans if plan is not None]
         if plans:
             cohort, plan = max(plans, key=lambda pair: (len(pair[0].alive()) + pair[0].joining, -pair[1].iterations))
