@@ -5,10 +5,11 @@ bench writes it as a ``save_pretrained`` folder with the byte tokenizer, starts 
 on it in a child process and, for each concurrency c, lets c clients each send ``--serve-requests``
 streaming requests one after another (prompts of 16-128 random tokens, ``--serve-tokens`` new
 tokens, sampled with their own seeds). Beside it, with the server idle, the same prompts go
-through ``tokenmix.generate`` in this process: c at once (the model's own batched decoding, no
-HTTP) and one at a time. Then a prompt of ``PREFIX_PROMPT`` tokens is sent twice (the second
-resumes from the prefix cache), and a flood of ``FLOOD_REQUESTS`` requests at once hits a server
-with a small ``--max-state-memory``.
+through ``tokenmix.generate`` in this process with ``--threads`` threads: c at once (the model's
+own batched decoding, no HTTP) and one at a time. The server, as by default, decodes with one
+thread fewer and leaves that core to its HTTP event loop: the same cores in all. Then a prompt of
+``PREFIX_PROMPT`` tokens is sent twice (the second resumes from the prefix cache), and a flood of
+``FLOOD_REQUESTS`` requests at once hits a server with a small ``--max-state-memory``.
 
 Records: ``serve`` (throughput and latency percentiles per concurrency, with the in-process
 rates), ``serve_prefix`` (first and second time to first token) and ``serve_flood`` (how each
@@ -117,10 +118,11 @@ def serve_records(args, revision: str | None, keep) -> list[dict]:
     from ..serve.launch import ServerProcess
 
     records: list[dict] = []
-    common = {"threads": args.threads, "dim": args.model_dim, "depth": args.depth, "git_commit": revision}
+    server_threads = max(1, args.threads - 1)  # as ``tokenmix serve`` by default: one core left to its HTTP event loop
+    common = {"threads": args.threads, "server_threads": server_threads, "dim": args.model_dim, "depth": args.depth, "git_commit": revision}
     largest = max(args.concurrency)
     prompts = prompts_for(largest * args.serve_requests)
-    flags = ["--threads", str(args.threads), "--max-batch", str(largest), "--max-prompt-tokens", str(PREFIX_PROMPT)]
+    flags = ["--threads", str(server_threads), "--max-batch", str(largest), "--max-prompt-tokens", str(PREFIX_PROMPT)]
     flags += ["--max-tokens", str(args.serve_tokens)]
     for name in args.models:
         with tempfile.TemporaryDirectory() as folder:

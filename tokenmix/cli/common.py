@@ -27,8 +27,8 @@ RUN = Existing("a checkpoint.pt or its run directory")
 OPTION = KeyValue("KEY=VALUE")
 
 
-def add_threads_and_device(parser, device_default: str = "cpu") -> None:
-    parser.add_argument("--threads", type=THREADS, default=None, help="torch CPU threads (default: torch's choice)")
+def add_threads_and_device(parser, device_default: str = "cpu", threads_default: str = "torch's choice") -> None:
+    parser.add_argument("--threads", type=THREADS, default=None, help=f"torch CPU threads (default: {threads_default})")
     parser.add_argument("--device", type=DEVICE, default=device_default, help=f"{DEVICE_HELP} (default: {device_default})")
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from ..errors import user_input
 from ..fields import ByteSize, Existing, Integer, Number, Text
-from .common import add_threads_and_device, use_threads
+from ..runtime import available_cpus, set_threads
+from .common import add_threads_and_device
 
 API_KEY_VARIABLE = "TOKENMIX_API_KEY"
 DEFAULT_CHOICES = 16
@@ -54,7 +55,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument(
         "--drain-timeout", type=Number(0), default=30.0, help="seconds SIGTERM waits for running requests to finish (default: 30)"
     )
-    add_threads_and_device(parser)
+    add_threads_and_device(parser, threads_default="one fewer than the CPUs, at least 1: one core is left to the HTTP server")
     parser.set_defaults(handler=run_serve)
 
 
@@ -118,7 +119,7 @@ def run_serve(args) -> int:
             from ..serve.requests import Limits
         except ImportError:
             raise ValueError(SERVE_EXTRA) from None
-        use_threads(args)
+        set_threads(args.threads or max(1, available_cpus() - 1))  # the model's steps would otherwise wait on the HTTP work
         model, tokenizer, name = load_served(args.checkpoint, args.device)
         if args.max_choices is None:
             args.max_choices = min(DEFAULT_CHOICES, args.max_batch)
