@@ -6,10 +6,11 @@ on it in a child process and, for each concurrency c, lets c clients each send `
 streaming requests one after another (prompts of 16-128 random tokens, ``--serve-tokens`` new
 tokens, sampled with their own seeds). Beside it, with the server idle, the same prompts go
 through ``tokenmix.generate`` in this process with ``--threads`` threads: c at once (the model's
-own batched decoding, no HTTP) and one at a time. The server, as by default, decodes with one
-thread fewer and leaves that core to its HTTP event loop: the same cores in all. Then a prompt of
-``PREFIX_PROMPT`` tokens is sent twice (the second resumes from the prefix cache), and a flood of
-``FLOOD_REQUESTS`` requests at once hits a server with a small ``--max-state-memory``.
+own batched decoding, no HTTP) and, right after, ``SEQUENTIAL_MAX`` prompts one at a time. The
+server, as by default, decodes with one thread fewer and leaves that core to its HTTP event loop:
+the same cores in all. Then a prompt of ``PREFIX_PROMPT`` tokens is sent twice (the second
+resumes from the prefix cache), and a flood of ``FLOOD_REQUESTS`` requests at once hits a server
+with a small ``--max-state-memory``.
 
 Records: ``serve`` (throughput and latency percentiles per concurrency, with the in-process
 rates), ``serve_prefix`` (first and second time to first token) and ``serve_flood`` (how each
@@ -127,7 +128,6 @@ def serve_records(args, revision: str | None, keep) -> list[dict]:
     for name in args.models:
         with tempfile.TemporaryDirectory() as folder:
             model = _saved_model(name, args, Path(folder))
-            sequential = _generate_rate(model, prompts[:SEQUENTIAL_MAX], args.serve_tokens, 1)
             with ServerProcess(folder, *flags) as server:
                 for concurrency in args.concurrency:
                     chosen = prompts[: concurrency * args.serve_requests]
@@ -136,6 +136,7 @@ def serve_records(args, revision: str | None, keep) -> list[dict]:
                     after = _engine_seconds(server.url)
                     tokens = sum(result["tokens"] for result in results)
                     batched = _generate_rate(model, chosen, args.serve_tokens, concurrency)
+                    sequential = _generate_rate(model, prompts[:SEQUENTIAL_MAX], args.serve_tokens, 1)  # beside it: the same load
                     record = {"kind": "serve", "model": name, "concurrency": concurrency, "requests": len(results), "tokens": tokens}
                     record |= {"tokens_per_second": tokens / seconds, "batched_tokens_per_second": batched, "seconds": seconds}
                     record |= {f"engine_{phase}_seconds": after[phase] - before[phase] for phase in ENGINE_PHASES}
@@ -269,7 +270,7 @@ def write_serve_plots(records: list[dict], folder) -> list[Path]:
         rate.plot(clients, [r["tokens_per_second"] for r in mine], "o-", color=color, label=f"{name}: served")
         batched = [r["batched_tokens_per_second"] for r in mine]
         rate.plot(clients, batched, "s--", color=color, alpha=0.6, label=f"{name}: generate, batched")
-        rate.axhline(mine[0]["sequential_tokens_per_second"], color=color, linestyle=":", alpha=0.6)
+        rate.plot(clients, [r["sequential_tokens_per_second"] for r in mine], ":", color=color, alpha=0.6)
         latency.plot(clients, [r["tpot_p50_ms"] for r in mine], "o-", color=color, label=f"{name} p50")
         latency.plot(clients, [r["tpot_p95_ms"] for r in mine], "^:", color=color, alpha=0.6, label=f"{name} p95")
     titles = ((rate, "output tokens per second (dotted: one at a time)", "tokens/s"), (latency, "time per output token", "ms"))
