@@ -196,13 +196,11 @@ def _metric(text: str, name: str) -> float:
 
 
 def _engine_seconds(url: str) -> dict[str, float]:
-    """The server's ``tokenmix_engine_seconds`` by phase so far (0 for a phase not yet timed)."""
+    """The server's ``tokenmix_engine_seconds`` by phase so far."""
     import httpx
 
     text = httpx.get(f"{url}/metrics").text
-    lines = {line.split(" ")[0] for line in text.splitlines()}
-    samples = {phase: f'tokenmix_engine_seconds_total{{phase="{phase}"}}' for phase in ENGINE_PHASES}
-    return {phase: _metric(text, sample) if sample in lines else 0.0 for phase, sample in samples.items()}
+    return {phase: _metric(text, f'tokenmix_engine_seconds_total{{phase="{phase}"}}') for phase in ENGINE_PHASES}
 
 
 def serve_tables(records: list[dict]) -> str:

@@ -8,6 +8,8 @@ import threading
 import time
 from pathlib import Path
 
+import torch
+
 from ..errors import user_input
 from ..fields import ByteSize, Existing, Integer, Number, Text
 from ..runtime import available_cpus, set_threads
@@ -55,7 +57,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument(
         "--drain-timeout", type=Number(0), default=30.0, help="seconds SIGTERM waits for running requests to finish (default: 30)"
     )
-    add_threads_and_device(parser, threads_default="one fewer than the CPUs, at least 1: one core is left to the HTTP server")
+    add_threads_and_device(parser, threads_default="torch's, at most one fewer than the CPUs: one core is left to the HTTP server")
     parser.set_defaults(handler=run_serve)
 
 
@@ -119,7 +121,7 @@ def run_serve(args) -> int:
             from ..serve.requests import Limits
         except ImportError:
             raise ValueError(SERVE_EXTRA) from None
-        set_threads(args.threads or max(1, available_cpus() - 1))  # the model's steps would otherwise wait on the HTTP work
+        set_threads(args.threads or max(1, min(torch.get_num_threads(), available_cpus() - 1)))  # a core for the HTTP loop
         model, tokenizer, name = load_served(args.checkpoint, args.device)
         if args.max_choices is None:
             args.max_choices = min(DEFAULT_CHOICES, args.max_batch)

@@ -15,6 +15,7 @@ import json
 import threading
 import time
 import uuid
+import weakref
 from importlib import resources
 
 from fastapi import FastAPI, Request
@@ -49,11 +50,17 @@ class Mailbox:
         self.loop, self.pending, self.lock = loop, [], threading.Lock()
 
     def post(self, queue: asyncio.Queue, item) -> None:
+        """Called from the engine's thread; RuntimeError once the loop is closed (the server is stopping)."""
         with self.lock:
             self.pending.append((queue, item))
             wake = len(self.pending) == 1
         if wake:
-            self.loop.call_soon_threadsafe(self.deliver)
+            try:
+                self.loop.call_soon_threadsafe(self.deliver)
+            except RuntimeError:
+                with self.lock:
+                    self.pending.clear()  # nobody will read them; later posts fail alike instead of piling up
+                raise
 
     def deliver(self) -> None:
         with self.lock:
@@ -106,7 +113,7 @@ def create_app(engine: Engine, tokenizer, model_id: str, *, api_key: str | None 
     app = FastAPI(title="tokenmix serve", docs_url=None, redoc_url=None, openapi_url=None)
     created = int(time.time())
     vocab_size = engine.model.config.vocab_size
-    mailboxes: dict[asyncio.AbstractEventLoop, Mailbox] = {}  # the server's one loop (a test may run others)
+    mailboxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # by event loop: the server's one (tests may run others)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError):
@@ -152,7 +159,8 @@ def create_app(engine: Engine, tokenizer, model_id: str, *, api_key: str | None 
         authorize(request)
         completion = parse_completion(await read_body(request, limits.max_request_bytes), model_id, tokenizer, vocab_size, limits)
         events: asyncio.Queue = asyncio.Queue()
-        mailbox = mailboxes.setdefault(asyncio.get_running_loop(), Mailbox(asyncio.get_running_loop()))
+        loop = asyncio.get_running_loop()
+        mailbox = mailboxes.get(loop) or mailboxes.setdefault(loop, Mailbox(loop))
         jobs = []
         for base, prompt in enumerate(completion.prompts):
 

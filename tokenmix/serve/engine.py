@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..generation import choose_tokens, row_generator
+from . import ENGINE_PHASES
 from .metrics import ServeMetrics
 from .plan import MAX_WAIT, PAD_FLOOR, JoinPlan, alone_plan, chunk_sizes, join_plan
 from .text import CompletionText, token_text
@@ -130,7 +131,7 @@ class Cohort:
     rows: list = field(default_factory=list)
     state: object = None
     logits: torch.Tensor | None = None  # (rows, vocab): each row's next-token logits
-    joining: int = 0  # prefills planned to land here
+    joining: int = 0  # requests whose prefills are planned to land here
     holes: dict = field(default_factory=dict)  # slot -> bytes it keeps reserved
 
     def alive(self) -> list[int]:
@@ -145,9 +146,10 @@ class Cohort:
 class Prefill:
     """Prompts read together, one chunk per iteration, towards the position where they join ``cohort``.
 
-    New prompts planned in one iteration onto the same landing (cohort, position, iterations) are
-    one batch: right-aligned by their padding, each row is ``plan.position`` tokens long. A prompt
-    resumed from the prefix cache reads alone, from the cached state.
+    New prompts that land on the same cohort at the same position join a prefill that has not read
+    anything yet, whenever they were planned: one batch, right-aligned by their padding, each row
+    ``plan.position`` tokens long (``plan.pads`` is the first row's). A prompt resumed from the
+    prefix cache reads alone, from the cached state.
     """
 
     jobs: list
@@ -190,6 +192,8 @@ class PhaseClock:
         self.counter, self.last = counter, time.perf_counter()
 
     def lap(self, phase: str) -> None:
+        if phase not in ENGINE_PHASES:  # pragma: no cover - a misspelt phase would read as 0 in the bench
+            raise ValueError(f"phase must be one of {ENGINE_PHASES}, got {phase!r}")
         now = time.perf_counter()
         self.counter.labels(phase).inc(now - self.last)
         self.last = now
@@ -326,7 +330,7 @@ class Engine:
                 self._fail_all(f"the model failed: {type(error).__name__}: {error}")
 
     def iteration(self) -> None:
-        clock = PhaseClock(self.metrics.engine_seconds)
+        clock = PhaseClock(self.metrics.engine_seconds)  # the phases: ENGINE_PHASES
         self._drop_cancelled()
         self._admit()
         clock.lap("schedule")
@@ -380,9 +384,13 @@ class Engine:
             start = cached.pads + len(cached_key)
         remaining = prompt[len(cached_key or ()) :]
         limits = (self.chunk, self.period, job.sampling.max_tokens, self.context, self.iterations)
-        lasting = [cohort for cohort in self.cohorts if cohort.joining or cohort.life() >= min(sampling.max_tokens, MAX_WAIT)]
-        plans = [(cohort, join_plan(cohort.position, start, len(remaining), *limits)) for cohort in lasting]
-        plans = [(cohort, plan) for cohort, plan in plans if plan is not None]
+        plans = [(cohort, join_plan(cohort.position, start, len(remaining), *limits)) for cohort in self.cohorts]
+        shared = min(sampling.max_tokens, MAX_WAIT)  # steps a join must share with the batch's rows to be worth its padding
+
+        def lasting(cohort: Cohort, plan: JoinPlan) -> bool:
+            return cohort.joining > 0 or cohort.life() - plan.iterations >= shared
+
+        plans = [(cohort, plan) for cohort, plan in plans if plan is not None and lasting(cohort, plan)]
         if plans:
             cohort, plan = max(plans, key=lambda pair: (len(pair[0].alive()) + pair[0].joining, -pair[1].iterations))
         else:

@@ -7,6 +7,8 @@ from collections import deque
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from . import ENGINE_PHASES
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 RATE_WINDOW = 5.0  # seconds over which tokens per second is averaged
 
@@ -31,11 +33,14 @@ class ServeMetrics:
         self.state_bytes_peak = Gauge("state_bytes_peak", "The most state_bytes has been since the server started", **options)
         self.engine_seconds = Counter(
             "engine_seconds",
-            "Seconds the engine spent joining read prompts to their batch, decoding, reading prompts "
-            "(prefill) and scheduling (admission, compaction, gauges)",
+            "Seconds the engine spent adding read prompts to their batch (join), decoding steps with sampling (decode), "
+            "reading prompts (prefill) and the rest (schedule: admission, gauges); dropping holes counts in the phase "
+            "that drops them",
             ["phase"],
             **options,
         )
+        for phase in ENGINE_PHASES:
+            self.engine_seconds.labels(phase)  # every phase reported from the start
         self.tokens_per_second = Gauge("tokens_per_second", f"Tokens generated per second over the last {RATE_WINDOW:g} s", **options)
         self._recent: deque = deque()
 
