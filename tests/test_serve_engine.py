@@ -16,6 +16,7 @@ from hypothesis import strategies as st  # noqa: E402
 from test_contracts import LM_MODELS, model  # noqa: E402
 
 import tokenmix  # noqa: E402
+from tokenmix.serve import ENGINE_PHASES  # noqa: E402
 from tokenmix.serve.engine import Busy, Engine, Failed, Finished, Job, Sampling, Token  # noqa: E402
 from tokenmix.serve.plan import JOIN_EVERY, MAX_WAIT, PAD_FLOOR, chunk_sizes, join_plan  # noqa: E402
 from tokenmix.serve.text import CompletionText  # noqa: E402
@@ -101,6 +102,8 @@ def test_every_served_sequence_equals_generate_alone_while_others_run(name):
     assert max(batch for batch, tokens in calls if tokens == 1) >= 4  # rows of different prompts did decode together
     assert max(batch for batch, tokens in calls if tokens > 1) >= 2  # and prompts of different lengths were read together
     assert engine.rows == 0 and engine.reserved == 0
+    timed = {sample.labels["phase"] for sample in engine.metrics.engine_seconds.collect()[0].samples}
+    assert timed == set(ENGINE_PHASES)  # every lap under a phase the bench reads
 
 
 @given(
