@@ -41,11 +41,18 @@ def test_the_direct_reference_equals_the_explicit_product():
     assert relative_error(direct, naive_toeplitz_matvec(x, taps[:50], causal=True)) < 1e-12
 
 
-@pytest.mark.parametrize("size", [1, 4, online_toeplitz.DIRECT_TILE_MAX, 2 * online_toeplitz.DIRECT_TILE_MAX, 256])
-def test_a_tile_adds_its_block_to_the_outputs_after_it(size):
-    block, taps = torch.randn(2, size, 3, dtype=torch.float64), torch.randn(2 * size, 3, dtype=torch.float64)
+@pytest.mark.parametrize(("batch", "size"), [(1, 1), (1, 4), (1, 8), (1, 16), (2, 256), (64, 64), (64, 128)])
+def test_a_tile_adds_its_block_to_the_outputs_after_it(batch, size):
+    """Both ways of ``direct_tile`` (direct up to 8 inputs for one row, 64 for 64 rows; FFT beyond)."""
+    block, taps = torch.randn(batch, size, 3, dtype=torch.float64), torch.randn(2 * size, 3, dtype=torch.float64)
     expected = torch.stack([sum(block[:, r] * taps[size + m - r] for r in range(size)) for m in range(size)], dim=1)
     assert relative_error(tile_contribution(block, TileKernels(taps)), expected) < 1e-12
+
+
+def test_direct_tiles_grow_with_the_square_root_of_the_batch():
+    limit = online_toeplitz.DIRECT_TILE_MAX
+    assert online_toeplitz.direct_tile(limit, 1) and not online_toeplitz.direct_tile(limit + 1, 1)
+    assert online_toeplitz.direct_tile(8 * limit, 64) and not online_toeplitz.direct_tile(8 * limit + 1, 64)
 
 
 def _same_state(a, b):

@@ -5,6 +5,8 @@ to it at lengths 1, 7, 100, 1000 and 1024, float32 (relative error <= 1e-5) and 
 (<= 1e-10), with padding masks, and cached generation to recompute generation token for token.
 """
 
+import functools
+
 import pytest
 import torch
 from conftest import LENGTHS, random_chunks, relative_error
@@ -63,13 +65,13 @@ def test_mixer_streaming_with_padding_equals_forward(name):
 
 def front_padded(step, x: torch.Tensor, pad: int, init, pad_value):
     """The outputs at x's tokens of a stream that starts with ``pad`` masked positions (``pad_value``),
-    prefilled in one call and then stepped one token at a time."""
+    prefilled in one call and then stepped one token at a time, and its last state."""
     padded = torch.cat([torch.full_like(x[:, :1], pad_value).expand(-1, pad, *x.shape[2:]), x], dim=1)
     mask = torch.arange(padded.shape[1]).expand(x.shape[0], -1) >= pad
     half = pad + max(1, x.shape[1] // 2)
     chunks = [slice(0, half)] + [slice(t, t + 1) for t in range(half, padded.shape[1])]
     outputs, state = streamed(step, padded, chunks, init(), mask)
-    return outputs[:, pad:]
+    return outputs[:, pad:], state
 
 
 def front_padding_cases(period: int | None) -> list[tuple[int, bool]]:
@@ -88,8 +90,33 @@ def test_a_stream_padded_in_front_by_whole_periods_gives_the_stream_alone(name):
     with torch.no_grad():
         alone, _ = streamed(module.step, x, prompt_then_tokens(20), module.init_state(2, dtype=torch.float64, max_length=128))
         for pad, keeps in front_padding_cases(module.front_padding_period):
-            padded = front_padded(module.step, x, pad, lambda: module.init_state(2, dtype=torch.float64, max_length=128), 7.0)
+            padded, _ = front_padded(module.step, x, pad, lambda: module.init_state(2, dtype=torch.float64, max_length=128), 7.0)
             assert (relative_error(padded, alone) <= 1e-10) == keeps, pad
+
+
+@pytest.mark.parametrize("length", [20, 80])  # a prompt of 10 or 40 tokens after the padding (the online and parallel paths)
+@pytest.mark.parametrize("pad", [1, 7, 100])
+@pytest.mark.parametrize("name", CAUSAL)
+def test_a_stream_started_after_masked_padding_equals_one_that_reads_it(name, pad, length):
+    """``init_state(masked=P)`` (``Mixer.after_padding``): the state reading P masked positions leaves."""
+    module = causal_mixer(name, torch.float64)
+    x = torch.randn(2, length, module.dim, dtype=torch.float64)
+
+    def init(masked=0):
+        return module.init_state(2, dtype=torch.float64, max_length=pad + length + 1, masked=masked)
+
+    with torch.no_grad():
+        read, read_state = front_padded(module.step, x, pad, init, 7.0)
+        started, started_state = streamed(module.step, x, prompt_then_tokens(length), init(pad))
+        assert relative_error(started, read) <= 1e-10
+        assert_rows_share_a_batch(module.step, started_state, read_state, torch.randn(2, 1, module.dim, dtype=torch.float64))
+
+
+def assert_rows_share_a_batch(step, state, other, x: torch.Tensor) -> None:
+    """Two streams at one position join one batch (``concat``: a server's continuous batching) and step on as apart."""
+    joined, _ = step(torch.cat([x, x]), type(state).concat([state, other]), None)
+    apart = torch.cat([step(x, state, None)[0], step(x, other, None)[0]])
+    assert relative_error(joined, apart) <= 1e-10
 
 
 @pytest.mark.parametrize("name", CAUSAL)
@@ -205,10 +232,29 @@ def test_a_model_stream_padded_in_front_by_whole_periods_gives_the_stream_alone(
     with torch.no_grad():
         alone, _ = streamed(model_step(network), tokens, prompt_then_tokens(20), network.init_state(2, max_length=128))
         for pad, keeps in front_padding_cases(network.front_padding_period):
-            padded = front_padded(model_step(network), tokens, pad, lambda: network.init_state(2, max_length=128), 3)
+            padded, _ = front_padded(model_step(network), tokens, pad, lambda: network.init_state(2, max_length=128), 3)
             assert (relative_error(padded, alone) <= 1e-10) == keeps, pad
     declared = {"tnn": 1, "mega": 8, "tcnca": 8, "transformer_xl": None}  # a few the others' reading confirms
     assert declared.get(name, network.front_padding_period) == network.front_padding_period
+
+
+@pytest.mark.parametrize("name", LM_MODELS)
+def test_a_model_stream_started_after_masked_padding_equals_one_that_reads_it(name):
+    """``init_state(masked=P)``: the logits and position of a stream that reads P masked tokens first;
+    refused where padding would not stay out of the stream (a Transformer-XL memory: no period)."""
+    network = model(name).double().eval()
+    tokens = torch.randint(0, 20, (2, 40))
+    if network.front_padding_period is None:
+        with pytest.raises(ValueError, match="masked must be 0"):
+            network.init_state(2, masked=3)
+        return
+    with torch.no_grad():
+        for pad in (1, 8, 100):
+            init = functools.partial(network.init_state, 2, max_length=pad + 41)
+            read, read_state = front_padded(model_step(network), tokens, pad, init, 3)
+            started, state = streamed(model_step(network), tokens, prompt_then_tokens(40), init(masked=pad))
+            assert relative_error(started, read) <= 1e-10 and state.position == pad + 40, pad
+            assert_rows_share_a_batch(model_step(network), state, read_state, torch.randint(0, 20, (2, 1)))
 
 
 @pytest.mark.parametrize("name", LM_MODELS)

@@ -68,10 +68,14 @@ class StreamingBlock:
         """The least period every part keeps (``Mixer.front_padding_period``)."""
         return common_front_padding_period(self.stream_parts())
 
-    def init_state(self, batch_size: int, *, max_length: int | None = None, device=None, dtype: torch.dtype | None = None) -> BlockState:
-        """Every part's empty state."""
+    def init_state(
+        self, batch_size: int, *, max_length: int | None = None, device=None, dtype: torch.dtype | None = None, masked: int = 0
+    ) -> BlockState:
+        """Every part's empty state (after ``masked`` padding positions: the parts see them as zeros, whatever
+        the body makes of them, so each part's state after padding is the block's)."""
         check_int(batch_size, "batch_size", minimum=0)
-        return BlockState([part.init_state(batch_size, max_length=max_length, device=device, dtype=dtype) for part in self.stream_parts()])
+        parts = self.stream_parts()
+        return BlockState([part.init_state(batch_size, max_length=max_length, device=device, dtype=dtype, masked=masked) for part in parts])
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, run=None) -> torch.Tensor:
         """The body on ``x``; its parts run plainly, or by ``run`` (context parallelism's ``ContextRun``)."""

@@ -94,9 +94,14 @@ class XlBlock(Configurable, nn.Module):
 
     front_padding_period = None  # padded segments would become memory, and memory keeps no padding mask
 
-    def init_state(self, batch_size: int, *, max_length: int | None = None, device=None, dtype: torch.dtype | None = None) -> XlState:
-        """An empty memory and segment, segments of ``segment_length``."""
+    def init_state(
+        self, batch_size: int, *, max_length: int | None = None, device=None, dtype: torch.dtype | None = None, masked: int = 0
+    ) -> XlState:
+        """An empty memory and segment, segments of ``segment_length``. No ``masked`` padding: the
+        memory would keep the padded positions as tokens (``front_padding_period`` is None)."""
         check_int(batch_size, "batch_size", minimum=0)
+        if masked:
+            raise ValueError(f"masked must be 0 for a Transformer-XL block (its memory keeps no padding mask), got {masked}")
         return self._empty_state(batch_size, device, dtype, self.segment_length)
 
     def _empty_state(self, batch_size: int, device, dtype, segment_length: int | None) -> XlState:

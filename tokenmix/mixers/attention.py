@@ -109,10 +109,14 @@ class AttentionCore:
             visible = visible | ~mask.any(dim=-1, keepdim=True)
         return attention_block(q, k, v, queries, keys, visible, self.causal, self.position.bias_function())
 
-    def init_state(self, batch_size: int, *, max_length: int | None = None, device=None, dtype=None) -> AttentionCache:
-        """An empty cache (``max_length`` unused: the cache grows, or empties at every chunk)."""
+    def init_state(self, batch_size: int, *, max_length: int | None = None, device=None, dtype=None, masked: int = 0) -> AttentionCache:
+        """An empty cache (``max_length`` unused: the cache grows, or empties at every chunk); after ``masked``
+        padding positions, holding as many masked keys as stepping them keeps (those of the current chunk)."""
+        check_int(masked, "masked", minimum=0)
         weight = self.position.table if self.position.table is not None else torch.empty(0)
-        return empty_cache(batch_size, self.heads, self.key_width, self.value_width, device or weight.device, dtype or weight.dtype)
+        device, dtype = device or weight.device, dtype or weight.dtype
+        kept = masked if self.chunk_size is None else masked % self.chunk_size
+        return replace(empty_cache(batch_size, self.heads, self.key_width, self.value_width, device, dtype, kept), position=masked)
 
     def step(self, qkv, cache: AttentionCache, mask: torch.Tensor | None) -> tuple[torch.Tensor, AttentionCache]:
         return cached_attention(*qkv, cache, self.chunk_size, mask, self.position.rotate, self.position.bias_function())
@@ -239,6 +243,9 @@ class Attention(Mixer):
 
     def empty_state(self, batch_size: int, device, dtype: torch.dtype, max_length: int | None) -> AttentionCache:
         return self.core.init_state(batch_size, device=device, dtype=dtype)
+
+    def after_padding(self, state: AttentionCache, padding: torch.Tensor) -> AttentionCache:
+        return self.core.init_state(padding.shape[0], device=padding.device, dtype=state.keys.dtype, masked=padding.shape[1])
 
     def step_chunk(self, x: torch.Tensor, state: AttentionCache, mask) -> tuple[torch.Tensor, AttentionCache]:
         mixed, cache = self.core.step(self.heads_of(x), state, mask)

@@ -190,12 +190,16 @@ class Mixer(Configurable, nn.Module):
         """The dtype a state for inputs of ``dtype`` holds (FFT-based mixers: their spectral dtype)."""
         return dtype
 
-    def init_state(self, batch_size: int, *, max_length: int | None = None, device=None, dtype: torch.dtype | None = None) -> StreamState:
+    def init_state(
+        self, batch_size: int, *, max_length: int | None = None, device=None, dtype: torch.dtype | None = None, masked: int = 0
+    ) -> StreamState:
         """The state before the first token, for inputs of ``dtype`` (default: the parameters' dtype).
 
         ``max_length``: the longest stream expected; mixers whose operator depends on the sequence
         length (``fd_tno``'s frequency grid, ``tcn``'s ``dilation_factor="auto"``) then equal one
         forward over that many tokens. Others ignore it.
+        ``masked``: the stream starts with this many masked (padding) positions, which need not be
+        read: the state is the one stepping them would leave (``after_padding``).
         """
         if not self.causal:
             raise ValueError(f"{type(self).__name__} was built with causal=False; only causal mixers stream (build it with causal=True)")
@@ -208,7 +212,14 @@ class Mixer(Configurable, nn.Module):
             raise ValueError(f"dtype must be a floating point dtype, got {dtype}")
         if device is None:
             device = next(self.parameters(), torch.empty(0)).device
-        return self.empty_state(batch_size, torch.device(device), self.state_dtype(dtype), max_length)
+        check_int(masked, "masked", minimum=0)
+        state = self.empty_state(batch_size, torch.device(device), self.state_dtype(dtype), max_length)
+        return self.after_padding(state, torch.zeros(batch_size, masked, self.dim, device=device, dtype=dtype)) if masked else state
+
+    def after_padding(self, state: StreamState, padding: torch.Tensor) -> StreamState:
+        """The empty ``state`` after ``padding`` (batch, count, dim): zeros, every position masked. Here by
+        stepping them; a mixer whose state after padding is plain (zeros at a position) builds it at once."""
+        return self.step_chunk(padding, state, torch.zeros(padding.shape[:2], dtype=torch.bool, device=padding.device))[1]
 
     def step(self, x: torch.Tensor, state: StreamState, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, StreamState]:
         """The outputs for the next chunk x (batch, k, dim) of the stream, and the state after it."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..ops.fft import spectral_dtype
-from ..ops.online_toeplitz import OnlineToeplitzState, TileKernels, empty_state, online_step, prefill_state, required_lags
+from ..ops.online_toeplitz import OnlineToeplitzState, TileKernels, empty_state, online_step, padded_state, prefill_state, required_lags
 from ..ops.toeplitz import toeplitz_matvec
 from ..state import StreamState
 from .cache import Cache
@@ -54,6 +54,12 @@ class ToeplitzStreaming:
 
     def empty_state(self, batch_size: int, device, dtype: torch.dtype, max_length: int | None) -> ToeplitzStreamState:
         return ToeplitzStreamState(empty_state(batch_size, self.dim, device=device, dtype=dtype), max_length or DEFAULT_HORIZON)
+
+    def after_padding(self, state: ToeplitzStreamState, padding: torch.Tensor) -> ToeplitzStreamState:
+        """Zero inputs leave a zero history: the online state at the padding's end, nothing computed."""
+        inputs = state.online.inputs
+        online = padded_state(inputs.shape[0], inputs.shape[2], padding.shape[1], device=inputs.device, dtype=inputs.dtype)
+        return ToeplitzStreamState(online, state.horizon)
 
     def _tile_kernels(self, lags: int, horizon: int, device, dtype: torch.dtype) -> TileKernels:
         """Taps for at least ``lags`` lags, cached (by power of two) while the weights and horizon stay

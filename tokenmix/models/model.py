@@ -142,19 +142,24 @@ class SequenceModel(nn.Module):
         """What a state must have been made for: this model's name, sizes and options."""
         return self.config.to_json()
 
-    def init_state(self, batch_size: int, *, max_length: int | None = None, device=None, dtype: torch.dtype | None = None) -> ModelState:
+    def init_state(
+        self, batch_size: int, *, max_length: int | None = None, device=None, dtype: torch.dtype | None = None, masked: int = 0
+    ) -> ModelState:
         """The state before the first token (task "lm"), on the parameters' device and dtype unless given.
 
         ``max_length``: the longest stream expected (mixers whose operator depends on the length use
-        it, see ``Mixer.init_state``).
+        it, see ``Mixer.init_state``). ``masked``: the stream starts with this many masked (padding)
+        positions, not read: the state that reading them would leave, at position ``masked`` (a server
+        lands a short prompt on a batch further on this way, ``front_padding_period``).
         """
         if self.config.task != "lm":
             raise ValueError(f"only causal language models stream; this model has task={self.config.task!r}")
         check_int(batch_size, "batch_size", minimum=0)
         weight = self.embedding.weight
         device, dtype = torch.device(device) if device is not None else weight.device, dtype or weight.dtype
-        blocks = [block.init_state(batch_size, max_length=max_length, device=device, dtype=dtype) for block in self.blocks]
-        return ModelState(blocks, 0, self.signature)
+        check_int(masked, "masked", minimum=0)
+        blocks = [block.init_state(batch_size, max_length=max_length, device=device, dtype=dtype, masked=masked) for block in self.blocks]
+        return ModelState(blocks, masked, self.signature)
 
     def hidden_states(
         self, tokens: torch.Tensor, mask: torch.Tensor | None = None, state: ModelState | None = None, run: PartRun | None = None

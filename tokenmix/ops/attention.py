@@ -219,10 +219,14 @@ class AttentionCache(StreamState):
     position: int = 0
 
 
-def empty_cache(batch_size: int, heads: int, key_width: int, value_width: int, device, dtype: torch.dtype) -> AttentionCache:
-    keys = torch.zeros(batch_size, heads, 0, key_width, device=device, dtype=dtype)
-    values = torch.zeros(batch_size, heads, 0, value_width, device=device, dtype=dtype)
-    return AttentionCache(keys, values, torch.zeros(batch_size, 0, dtype=torch.bool, device=device))
+def empty_cache(
+    batch_size: int, heads: int, key_width: int, value_width: int, device, dtype: torch.dtype, masked: int = 0
+) -> AttentionCache:
+    """A cache of no real keys; with ``masked``, the keys of that many masked positions (zeros: no later
+    query sees one) and the position after them."""
+    keys = torch.zeros(batch_size, heads, masked, key_width, device=device, dtype=dtype)
+    values = torch.zeros(batch_size, heads, masked, value_width, device=device, dtype=dtype)
+    return AttentionCache(keys, values, torch.zeros(batch_size, masked, dtype=torch.bool, device=device), masked)
 
 
 Rotation = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]  # q, k, offset -> rotated

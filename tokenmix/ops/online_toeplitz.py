@@ -28,7 +28,7 @@ from ..validation import check_int
 from .forms import OpForms, register_op, returned
 from .toeplitz import naive_toeplitz_matvec, toeplitz_matvec
 
-DIRECT_TILE_MAX = 16  # tiles up to this size use the direct product: FFTs of a few points cost more than they save
+DIRECT_TILE_MAX = 8  # one row's tiles up to this size use the direct product (``direct_tile``)
 
 
 @dataclass
@@ -67,6 +67,14 @@ def empty_state(batch_size: int, dim: int, *, device=None, dtype=torch.float32, 
     return OnlineToeplitzState(zeros, zeros.clone(), 0)
 
 
+def padded_state(batch_size: int, dim: int, count: int, *, device=None, dtype=torch.float32) -> OnlineToeplitzState:
+    """The state after ``count`` zero inputs: zero history and pending sums (every tile of zeros adds
+    nothing), at position ``count``, with the capacity ``prefill_state`` leaves."""
+    state = empty_state(batch_size, dim, device=device, dtype=dtype, capacity=_doubled(16, count + 1))
+    state.position = count
+    return state
+
+
 def required_lags(position: int) -> int:
     """Kernel taps (lags 0 ... n - 1) that stepping the input at ``position`` needs: n = 2 * (position + 1)."""
     return 2 * (position + 1)
@@ -77,54 +85,74 @@ def _tile_size(count: int) -> int:
     return count & -count
 
 
-def _grow(state: OnlineToeplitzState, needed: int) -> None:
-    capacity = state.inputs.shape[1]
-    if needed <= capacity:
-        return
+def _doubled(capacity: int, needed: int) -> int:
+    """``capacity`` doubled until it holds ``needed`` positions."""
     while capacity < needed:
         capacity *= 2
+    return capacity
+
+
+def _grow(state: OnlineToeplitzState, needed: int) -> None:
+    capacity = _doubled(state.inputs.shape[1], needed)
     pad = capacity - state.inputs.shape[1]
+    if pad == 0:
+        return
     state.inputs = torch.nn.functional.pad(state.inputs, (0, 0, 0, pad))
     state.pending = torch.nn.functional.pad(state.pending, (0, 0, 0, pad))
+
+
+def direct_tile(size: int, batch: int) -> bool:
+    """Whether a tile of ``size`` inputs on ``batch`` rows takes the direct product (B multiply-adds of
+    (batch, B, d)) rather than FFTs at 2B points: up to ``DIRECT_TILE_MAX`` * sqrt(batch) inputs. Many
+    short FFTs along the token axis cost far more per point than multiply-adds, and their number grows
+    with the batch, so a batch of 64 rows decodes fastest with direct tiles of up to 64 inputs."""
+    return size * size <= DIRECT_TILE_MAX**2 * batch
 
 
 class TileKernels:
     """The kernel as each tile size needs it, computed once per size from taps (n, d) by lag.
 
     A tile of B inputs on the B outputs after it uses the lags 1 ... 2B - 1: as a (B, B, d) matrix
-    of lags B + m - r for the direct product, or as the rfft of lags 0 ... 2B - 1 at 2B points.
+    of lags B + m - r (by r, then m) for the direct product, or as the rfft of lags 0 ... 2B - 1 at 2B points.
     """
 
     def __init__(self, taps: torch.Tensor):
         if taps.dim() != 2 or not taps.is_floating_point():
             raise ValueError(f"taps must be a real floating point (lags, channels) tensor, got {taps.dtype} of shape {tuple(taps.shape)}")
         self.taps = taps
-        self._by_size: dict[int, torch.Tensor] = {}
+        self._direct: dict[int, torch.Tensor] = {}
+        self._spectra: dict[int, torch.Tensor] = {}
 
     def __len__(self) -> int:
         return self.taps.shape[0]
 
-    def for_size(self, size: int) -> torch.Tensor:
-        if size not in self._by_size:
-            if size <= DIRECT_TILE_MAX:
-                offsets = torch.arange(size, device=self.taps.device)
-                self._by_size[size] = self.taps[size + offsets[:, None] - offsets[None, :]]
-            else:
-                self._by_size[size] = torch.fft.rfft(self.taps[: 2 * size], n=2 * size, dim=0)
-        return self._by_size[size]
+    def direct(self, size: int) -> torch.Tensor:
+        if size not in self._direct:
+            offsets = torch.arange(size, device=self.taps.device)
+            self._direct[size] = self.taps[size + offsets[None, :] - offsets[:, None]]
+        return self._direct[size]
+
+    def spectrum(self, size: int) -> torch.Tensor:
+        if size not in self._spectra:
+            self._spectra[size] = torch.fft.rfft(self.taps[: 2 * size], n=2 * size, dim=0)
+        return self._spectra[size]
 
 
 def tile_contribution(block: torch.Tensor, kernels: TileKernels) -> torch.Tensor:
     """c_m = sum_r block_r k_{B + m - r}, m, r in [0, B): a block of B inputs on the B outputs after it.
 
-    block: (batch, B, d). Direct for small B; otherwise a middle product by FFT at 2B points (the
-    linear convolution's entries B ... 2B - 1 do not wrap around).
+    block: (batch, B, d). Directly, one multiply-add per input, for small B (``direct_tile``);
+    otherwise a middle product by FFT at 2B points (the linear convolution's entries B ... 2B - 1 do
+    not wrap around).
     """
-    size = block.shape[1]
-    kernel = kernels.for_size(size)
-    if size <= DIRECT_TILE_MAX:
-        return torch.einsum("brd,mrd->bmd", block, kernel.to(block.dtype))
-    product = torch.fft.rfft(block, n=2 * size, dim=1) * kernel
+    batch, size = block.shape[:2]
+    if direct_tile(size, batch):
+        kernel = kernels.direct(size).to(block.dtype)
+        contribution = block[:, 0, None] * kernel[0]
+        for r in range(1, size):
+            contribution = contribution.addcmul_(block[:, r, None], kernel[r])
+        return contribution
+    product = torch.fft.rfft(block, n=2 * size, dim=1) * kernels.spectrum(size)
     return torch.fft.irfft(product, n=2 * size, dim=1)[:, size:].to(block.dtype)
 
 
@@ -148,12 +176,13 @@ def prefill_state(inputs: torch.Tensor, kernels: TileKernels, *, capacity: int =
     """The state after stepping every input of ``inputs`` (batch, P, d), built from the last tile of
     each size (the only ones that reach past position P); the outputs come from the parallel product."""
     batch, count, dim = inputs.shape
-    state = empty_state(batch, dim, device=inputs.device, dtype=inputs.dtype, capacity=capacity)
+    check_int(capacity, "capacity")
+    if count and len(kernels) < required_lags(count - 1):
+        raise ValueError(f"taps must cover lags 0 ... {required_lags(count - 1) - 1} for {count} inputs, got {len(kernels)} rows")
+    # the pending sums reach the power of two past the position (the largest tile's outputs)
+    state = empty_state(batch, dim, device=inputs.device, dtype=inputs.dtype, capacity=_doubled(capacity, count + 1))
     if count == 0:
         return state
-    if len(kernels) < required_lags(count - 1):
-        raise ValueError(f"taps must cover lags 0 ... {required_lags(count - 1) - 1} for {count} inputs, got {len(kernels)} rows")
-    _grow(state, 2 * count)
     state.inputs[:, :count] = inputs
     size = 1
     while size <= count:

@@ -169,9 +169,14 @@ class Prefill:
         self.pads.append(pads)
         self.tokens.append([0] * pads + list(prompt))
 
+    def unread(self) -> int:
+        """Where reading resumes: before the first chunk, past the padding every row has, which the state
+        starts after without reading it (``init_state(masked=...)``)."""
+        return self.fed if self.state is not None else min(self.pads)
+
     def next_chunk(self, chunk: int) -> int:
         """Tokens to read this iteration (``chunk_sizes`` of what is left)."""
-        return chunk_sizes(len(self.tokens[0]) - self.fed, chunk, self.plan.iterations - self.done_iterations)[0]
+        return chunk_sizes(len(self.tokens[0]) - self.unread(), chunk, self.plan.iterations - self.done_iterations)[0]
 
 
 @dataclass
@@ -417,7 +422,8 @@ class Engine:
             return
         rows = len(prefill.jobs)
         if prefill.state is None:
-            prefill.state = self.model.init_state(rows, max_length=self.context, device=self.device)
+            prefill.fed = prefill.unread()
+            prefill.state = self.model.init_state(rows, max_length=self.context, device=self.device, masked=prefill.fed)
         part = slice(prefill.fed, prefill.fed + size)
         tokens = torch.tensor([row[part] for row in prefill.tokens], dtype=torch.long, device=self.device)
         mask = None
