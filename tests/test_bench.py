@@ -1,4 +1,5 @@
 import json
+import sys
 import time
 from argparse import Namespace
 from dataclasses import fields
@@ -429,6 +430,8 @@ def test_serve_run_drives_the_real_server_and_writes_records_tables_and_a_plot(t
             assert record["tokens"] == 4 * record["concurrency"] and record["tokens_per_second"] > 0
             phases = [record[f"engine_{phase}_seconds"] for phase in ("join", "decode", "prefill", "schedule")]
             assert record["engine_decode_seconds"] > 0 and min(phases) >= 0 and sum(phases) <= record["seconds"]
+            assert record["clients_cpu_seconds"] > 0
+            assert record["server_cpu_seconds"] > 0 if sys.platform.startswith("linux") else record["server_cpu_seconds"] is None
         if record["kind"] == "serve_flood":
             assert record["lost"] == 0 and record["completed"] + record["refused_429"] == 500
             assert record["peak_state_bytes"] <= record["budget_bytes"]

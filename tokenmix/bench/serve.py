@@ -131,15 +131,16 @@ def serve_records(args, revision: str | None, keep) -> list[dict]:
             with ServerProcess(folder, *flags) as server:
                 for concurrency in args.concurrency:
                     chosen = prompts[: concurrency * args.serve_requests]
-                    before = _engine_seconds(server.url)
+                    before, clients_before = _server_seconds(server.url), time.process_time()
                     results, seconds = asyncio.run(_clients(server.url, chosen, concurrency, args.serve_tokens))
-                    after = _engine_seconds(server.url)
+                    after, clients_cpu = _server_seconds(server.url), time.process_time() - clients_before
                     tokens = sum(result["tokens"] for result in results)
                     batched = _generate_rate(model, chosen, args.serve_tokens, concurrency)
                     sequential = _generate_rate(model, prompts[:SEQUENTIAL_MAX], args.serve_tokens, 1)  # beside it: the same load
                     record = {"kind": "serve", "model": name, "concurrency": concurrency, "requests": len(results), "tokens": tokens}
                     record |= {"tokens_per_second": tokens / seconds, "batched_tokens_per_second": batched, "seconds": seconds}
                     record |= {f"engine_{phase}_seconds": after[phase] - before[phase] for phase in ENGINE_PHASES}
+                    record |= {"server_cpu_seconds": _difference(after["cpu"], before["cpu"]), "clients_cpu_seconds": clients_cpu}
                     record |= {"sequential_tokens_per_second": sequential, **_latencies(results), **common}
                     records.append(record)
                     keep(records)
@@ -189,18 +190,24 @@ def _flood(folder: str, flags: list[str], new_tokens: int, budget: int) -> dict:
     }
 
 
-def _metric(text: str, name: str) -> float:
-    """The value of the sample ``name`` (with its labels, as the text format writes them) in ``text``."""
-    line = next(line for line in text.splitlines() if line.startswith(name + " "))
-    return float(line.split()[-1])
+def _metric(text: str, name: str) -> float | None:
+    """The value of the sample ``name`` (with its labels, as the text format writes them) in ``text``; None if absent."""
+    line = next((line for line in text.splitlines() if line.startswith(name + " ")), None)
+    return None if line is None else float(line.split()[-1])
 
 
-def _engine_seconds(url: str) -> dict[str, float]:
-    """The server's ``tokenmix_engine_seconds`` by phase so far."""
+def _difference(after: float | None, before: float | None) -> float | None:
+    return None if after is None or before is None else after - before
+
+
+def _server_seconds(url: str) -> dict[str, float | None]:
+    """The server's ``tokenmix_engine_seconds`` by phase so far, and its process's CPU seconds ("cpu":
+    ``process_cpu_seconds_total``, None where the platform has no /proc)."""
     import httpx
 
     text = httpx.get(f"{url}/metrics").text
-    return {phase: _metric(text, f'tokenmix_engine_seconds_total{{phase="{phase}"}}') for phase in ENGINE_PHASES}
+    seconds = {phase: _metric(text, f'tokenmix_engine_seconds_total{{phase="{phase}"}}') for phase in ENGINE_PHASES}
+    return seconds | {"cpu": _metric(text, "process_cpu_seconds_total")}
 
 
 def serve_tables(records: list[dict]) -> str:
@@ -230,6 +237,8 @@ def serve_tables(records: list[dict]) -> str:
             "served_s": r["seconds"],
             "batched_s": r["tokens"] / r["batched_tokens_per_second"],
             **{f"{phase}_s": r[f"engine_{phase}_seconds"] for phase in ENGINE_PHASES},
+            "server_cpu_s": r.get("server_cpu_seconds"),
+            "clients_cpu_s": r.get("clients_cpu_seconds"),
         }
         for r in records
         if r["kind"] == "serve" and "seconds" in r

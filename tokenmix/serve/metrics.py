@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 from . import ENGINE_PHASES
 
@@ -18,6 +18,7 @@ class ServeMetrics:
 
     def __init__(self):
         self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, memory... (where /proc exists: Linux)
         options = {"registry": self.registry, "namespace": "tokenmix"}
         self.requests = Counter("requests", "Completion requests by outcome", ["outcome"], **options)
         self.prompt_tokens = Counter("prompt_tokens", "Prompt tokens admitted", **options)
