@@ -179,6 +179,22 @@ def test_fd_tno_streams_the_operator_of_its_horizon_and_doubles_it():
     assert state.horizon == 2048
 
 
+def test_streams_of_two_horizons_stepping_in_turn_keep_their_taps(monkeypatch):
+    """fd_tno's taps depend on the horizon: two streams stepped alternately (a bench's reference stream,
+    generations interleaved) compute each horizon's taps once, not at every step."""
+    module = causal_mixer("fd_tno", torch.float64)
+    computed = []
+    taps = type(module).stream_taps
+    monkeypatch.setattr(type(module), "stream_taps", lambda self, lags, horizon: computed.append(horizon) or taps(self, lags, horizon))
+    states = [module.init_state(1, dtype=torch.float64, max_length=length) for length in (100, 300)]
+    x = torch.randn(1, 1, module.dim, dtype=torch.float64)
+    with torch.no_grad():
+        for _ in range(5):
+            for index, state in enumerate(states):
+                states[index] = module.step(x, state)[1]
+    assert sorted(computed) == [100, 300]
+
+
 def test_an_auto_dilated_tcn_streams_up_to_the_length_it_was_told():
     module = mixer("tcn", True, dilation_factor="auto").double().eval()
     with pytest.raises(ValueError, match="max_length"):

@@ -27,6 +27,7 @@ from .cache import Cache
 
 PARALLEL_CHUNK = 32  # chunks this long (or a stream's first) take the parallel path: its O(t log t) beats k online steps
 DEFAULT_HORIZON = 1024
+HORIZONS_KEPT = 4  # taps kept for this many horizons: streams of different horizons stepping in turn reuse theirs
 
 
 @dataclass
@@ -71,7 +72,7 @@ class ToeplitzStreaming:
             capacity = max(lags, min(capacity, 2 * horizon))
         key = (horizon if self.taps_depend_on_length else None, str(device), dtype)
         if "_stream_kernels" not in self.__dict__:
-            self.__dict__["_stream_kernels"] = Cache()
+            self.__dict__["_stream_kernels"] = Cache(HORIZONS_KEPT)
         return self.__dict__["_stream_kernels"].get(
             key,
             lambda: TileKernels(self.stream_taps(capacity, horizon).to(device, dtype)),
