@@ -1,4 +1,5 @@
 import json
+import os
 import sys
 import time
 from argparse import Namespace
@@ -439,3 +440,21 @@ def test_serve_run_drives_the_real_server_and_writes_records_tables_and_a_plot(t
     assert "vs_batched" in printed and "second_ttft_ms" in printed and "refused_429" in printed and "prefill_s" in printed
     assert (plots / "serve.png").stat().st_size > 0
     assert bench_cli.bench_tables(records) in printed
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2, reason="pinning needs Linux and 2 CPUs")
+def test_a_pinned_serve_run_keeps_the_server_and_the_clients_on_their_own_cpus(tmp_path, capsys):
+    """``--server-cpus``: the server (and the in-process decoding) on those CPUs, the clients on the
+    others, as each process's affinity says; the bench's own CPUs are given back afterwards."""
+    pytest.importorskip("fastapi", reason='bench --kinds serve needs the serve extra: pip install "tokenmix[serve]"')
+    mine = sorted(os.sched_getaffinity(0))
+    output = tmp_path / "serve.json"
+    flags = ["--kinds", "serve", "--models", "tnn", "--concurrency", "2", "--serve-requests", "1", "--serve-tokens", "3"]
+    flags += ["--model-dim", "16", "--depth", "1", "--threads", "1", "--server-cpus", str(mine[0]), "--output", str(output)]
+    assert main(["bench", *flags]) == 0
+    served = [record for record in json.loads(output.read_text()) if record["kind"] == "serve"]
+    assert [(r["server_cpus"], r["client_cpus"]) for r in served] == [([mine[0]], mine[1:])]
+    assert sorted(os.sched_getaffinity(0)) == mine
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", *flags[:-4], "--server-cpus", ",".join(map(str, mine))])
+    assert exit_info.value.code == 2 and "--server-cpus must leave at least one" in capsys.readouterr().err

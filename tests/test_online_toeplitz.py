@@ -41,10 +41,15 @@ def test_the_direct_reference_equals_the_explicit_product():
     assert relative_error(direct, naive_toeplitz_matvec(x, taps[:50], causal=True)) < 1e-12
 
 
+@pytest.mark.parametrize("rows_together", [None, 3])
 @pytest.mark.parametrize(("batch", "size"), [(1, 1), (1, 4), (1, 8), (1, 16), (2, 256), (64, 64), (64, 128)])
-def test_a_tile_adds_its_block_to_the_outputs_after_it(batch, size):
-    """Both ways of ``direct_tile`` (direct up to 8 inputs for one row, 64 for 64 rows; FFT beyond)."""
+def test_a_tile_adds_its_block_to_the_outputs_after_it(batch, size, rows_together, monkeypatch):
+    """Both ways of ``direct_tile`` (direct up to 8 inputs for one row, 64 for 64 rows; FFT beyond), the
+    FFTs over the whole batch or over groups of ``rows_together`` rows (``fft_rows``)."""
     block, taps = torch.randn(batch, size, 3, dtype=torch.float64), torch.randn(2 * size, 3, dtype=torch.float64)
+    if rows_together:
+        monkeypatch.setattr(online_toeplitz, "FFT_GROUP_POINTS", rows_together * 2 * size * 3)
+        assert online_toeplitz.fft_rows(block) == rows_together
     expected = torch.stack([sum(block[:, r] * taps[size + m - r] for r in range(size)) for m in range(size)], dim=1)
     assert relative_error(tile_contribution(block, TileKernels(taps)), expected) < 1e-12
 

@@ -139,6 +139,28 @@ def test_a_join_plan_waits_for_a_batch_behind_and_refuses_one_ahead():
     assert join_plan(10, 0, 4, 8, 1, 95, 100) is None  # past the context
 
 
+def test_a_join_plan_lands_with_an_unstarted_prefill_before_a_joining_iteration():
+    assert join_plan(10, 0, 4, 8, 1, 5, 100, now=0, landings=frozenset({12})).position == 12  # read with it, not at 18
+    assert join_plan(10, 0, 4, 8, 1, 5, 100, now=0, landings=frozenset({100})).iterations == JOIN_EVERY  # out of reach
+
+
+def test_prompts_arriving_at_once_are_read_as_one_batch():
+    """A fresh engine gets prompts of different lengths in one iteration: the longest starts the batch and the
+    others, padded to it, land with it (one prefill call for all), as ``tokenmix.generate`` reads a batch."""
+    network = model("tnn").double().eval()
+    engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=64, prefix_min=0)
+    calls = model_calls(network)
+    requests = [(list(range(1, 4 + 5 * k)), Sampling(max_tokens=12, temperature=0.7, seed=k)) for k in range(4)]
+    jobs = [submit(engine, *request) for request in requests]
+    with torch.no_grad():
+        while engine.unfinished:
+            engine.iteration()
+    assert [batch for batch, tokens in calls if tokens > 1] == [4] and engine.iterations == 1 + 12
+    for (prompt, sampling), (_, collected) in zip(requests, jobs, strict=True):
+        options = {"temperature": sampling.temperature, "seed": sampling.seed, "max_length": CONTEXT}
+        assert collected.tokens[0] == tokenmix.generate(network, [torch.tensor(prompt)], sampling.max_tokens, **options)[0].tolist()
+
+
 def test_prompts_arriving_over_several_iterations_are_read_together_and_joined_by_one_copy():
     """Three prompts come one iteration apart while a batch decodes; each lands on it at the same joining
     iteration: one prefill call of three rows, one concat, and every answer that of generate alone."""

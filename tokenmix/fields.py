@@ -241,6 +241,30 @@ class Lengths(Kind):
         return ["", "x", "512,,1024", "0", "-4", "8,1.5"]
 
 
+class Cpus(Kind):
+    """CPU numbers this process may run on (its affinity mask, Linux), comma-separated, ranges allowed: ``0,1`` or ``0-3,8``."""
+
+    def describe(self) -> str:
+        return "comma-separated CPU numbers or ranges (0-3,8) among those this process may use"
+
+    def parse(self, text: str) -> list[int]:
+        from .runtime import usable_cpus
+
+        cpus = set()
+        for part in text.split(","):
+            bounds = part.strip().split("-")
+            if len(bounds) > 2 or not all(bound.isdigit() for bound in bounds) or int(bounds[0]) > int(bounds[-1]):
+                raise ValueError(f"must be {self.describe()}, got {text!r}")
+            cpus.update(range(int(bounds[0]), int(bounds[-1]) + 1))
+        usable = usable_cpus()
+        if not cpus <= usable:
+            raise ValueError(f"must be among this process's CPUs {sorted(usable)}, got {text!r}")
+        return sorted(cpus)
+
+    def invalid(self) -> list[str]:
+        return ["", "x", "-1", "1-", "3-1", "0,,1", "1.5", "100000"]
+
+
 class Percent(Number):
     """A percentage >= 0, the ``%`` optional (``0.5%`` and ``0.5`` alike), held as a fraction (0.005)."""
 

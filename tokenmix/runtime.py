@@ -10,11 +10,13 @@ set ``TOKENMIX_RETAIN_FREED_MEMORY=0`` to keep the default allocator behaviour.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
 import sys
 import warnings
+from collections.abc import Iterable
 
 import torch
 
@@ -46,12 +48,40 @@ def release_freed_memory() -> None:
         return
 
 
-def available_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask; ``os.cpu_count()`` where there is none)."""
+def usable_cpus(pid: int = 0) -> set[int]:
+    """The CPUs process ``pid`` (0: this one) may run on (its affinity mask; all ``os.cpu_count()`` where there is none)."""
     try:
-        return len(os.sched_getaffinity(0))
+        return os.sched_getaffinity(pid)
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        return set(range(os.cpu_count() or 1))
+
+
+def available_cpus() -> int:
+    """How many CPUs this process may run on."""
+    return len(usable_cpus())
+
+
+def pin_process(cpus: Iterable[int]) -> None:
+    """Run every thread of this process, and the threads and processes it starts later, on ``cpus`` (Linux)."""
+    if not hasattr(os, "sched_setaffinity"):
+        raise ValueError("pinning to CPUs needs Linux (os.sched_setaffinity)")
+    for thread in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+            os.sched_setaffinity(int(thread), cpus)
+
+
+@contextlib.contextmanager
+def pinned(cpus: Iterable[int] | None):
+    """``pin_process(cpus)`` for the block, then the CPUs it had; nothing where ``cpus`` is None."""
+    if cpus is None:
+        yield
+        return
+    before = usable_cpus()
+    pin_process(cpus)
+    try:
+        yield
+    finally:
+        pin_process(before)
 
 
 def set_threads(threads: int) -> None:

@@ -15,7 +15,7 @@ import torch
 
 from ..devices import resolve_device
 from ..errors import user_input
-from ..fields import Choice, Existing, Integer, KeyValue, Lengths, Names, Number, Output, check_output_path
+from ..fields import Choice, Cpus, Existing, Integer, KeyValue, Lengths, Names, Number, Output, check_output_path
 from ..files import write_json_atomic, write_text_atomic
 from ..mixers.registry import list_mixers
 from ..models.distil import distilled_options
@@ -109,6 +109,14 @@ def add_bench(subparsers) -> None:
         "--serve-requests", type=Integer(1), default=2, help="--kinds serve: requests each client sends, one after another (default: 2)"
     )
     parser.add_argument("--serve-tokens", type=Integer(1), default=128, help="--kinds serve: new tokens per request (default: 128)")
+    parser.add_argument(
+        "--server-cpus",
+        type=Cpus(),
+        default=None,
+        help="--kinds serve (Linux): run the server and the in-process decoding it is compared with on these CPUs (e.g. 0,1) and the "
+        "clients on the others, as clients on other machines would; the server then decodes with --threads threads "
+        "(default: every process on every CPU, the server with one thread fewer than --threads)",
+    )
     parser.add_argument(
         "--memory-budget",
         type=Number(0, open_minimum=True, optional=True),
@@ -391,7 +399,6 @@ def run_serve_bench(args) -> int:
 
     if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("httpx") is None:
         raise ValueError(SERVE_EXTRA.replace("tokenmix serve", "bench --kinds serve"))  # now, not mid-run
-    set_threads(args.threads)
     check_output_path(args.output, "--output")
     check_output_path(args.plot, "--plot", directory=True)
     records = serve_records(args, source_revision(), lambda records: args.output and write_json_atomic(args.output, records))

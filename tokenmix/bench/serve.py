@@ -7,8 +7,11 @@ streaming requests one after another (prompts of 16-128 random tokens, ``--serve
 tokens, sampled with their own seeds). Beside it, with the server idle, the same prompts go
 through ``tokenmix.generate`` in this process with ``--threads`` threads: c at once (the model's
 own batched decoding, no HTTP) and, right after, ``SEQUENTIAL_MAX`` prompts one at a time. The
-server, as by default, decodes with one thread fewer and leaves that core to its HTTP event loop:
-the same cores in all. Then a prompt of ``PREFIX_PROMPT`` tokens is sent twice (the second
+clients run in a child process. The server, as by default, decodes with one thread fewer and
+leaves that core to its HTTP event loop (and the clients): the same cores in all. With
+``--server-cpus`` (Linux), the server and this process run on those CPUs and the clients on the
+others, and the server decodes with ``--threads`` threads, as the in-process decoding does.
+Then a prompt of ``PREFIX_PROMPT`` tokens is sent twice (the second
 resumes from the prefix cache), and a flood of ``FLOOD_REQUESTS`` requests at once hits a server
 with a small ``--max-state-memory``.
 
@@ -21,8 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -30,6 +35,7 @@ import torch
 from ..data.tokenizer import byte_tokenizer
 from ..generation import generate
 from ..models.model import build_model
+from ..runtime import pin_process, pinned, set_threads, usable_cpus
 from ..serve import ENGINE_PHASES
 from ..table import format_table
 
@@ -69,6 +75,14 @@ async def _stream(http, url: str, request: dict) -> dict:
                 tokens += 1
                 first = first or time.perf_counter()
     return {"status": 200, "sent": sent, "first": first, "end": time.perf_counter(), "tokens": tokens}
+
+
+def run_clients(url: str, prompts: list[list[int]], concurrency: int, new_tokens: int) -> dict:
+    """``_clients`` run to the end: their ``results``, the ``seconds`` they took, the ``cpu_seconds`` this
+    process used meanwhile and the ``cpus`` it ran on."""
+    cpu = time.process_time()
+    results, seconds = asyncio.run(_clients(url, prompts, concurrency, new_tokens))
+    return {"results": results, "seconds": seconds, "cpu_seconds": time.process_time() - cpu, "cpus": sorted(usable_cpus())}
 
 
 async def _clients(url: str, prompts: list[list[int]], concurrency: int, new_tokens: int) -> tuple[list[dict], float]:
@@ -113,13 +127,50 @@ def _saved_model(name: str, args, folder: Path):
     return model
 
 
+class ClientsProcess:
+    """A child process that runs the clients (on ``cpus``, or wherever this process may run when None),
+    so that their CPU time is theirs alone and, pinned, they leave the server's CPUs to it."""
+
+    def __init__(self, cpus: list[int] | None):
+        context = multiprocessing.get_context("spawn")
+        pinning = {"initializer": pin_process, "initargs": (cpus,)} if cpus else {}
+        self.pool = ProcessPoolExecutor(max_workers=1, mp_context=context, **pinning)
+
+    def run(self, function, *args):
+        return self.pool.submit(function, *args).result()
+
+    def __enter__(self) -> ClientsProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.pool.shutdown()
+
+
+def _client_cpus(server_cpus: list[int] | None) -> list[int] | None:
+    """The CPUs left to the clients when the server runs on ``server_cpus`` (None: not pinned)."""
+    if server_cpus is None:
+        return None
+    left = sorted(usable_cpus() - set(server_cpus))
+    if not left:
+        raise ValueError(f"--server-cpus must leave at least one of this process's CPUs {sorted(usable_cpus())} to the clients")
+    return left
+
+
 def serve_records(args, revision: str | None, keep) -> list[dict]:
     """Every model's records (``keep`` gets them as they come)."""
+    client_cpus = _client_cpus(args.server_cpus)
+    with pinned(args.server_cpus), ClientsProcess(client_cpus) as clients:
+        set_threads(args.threads)
+        return _records(args, revision, keep, clients)
+
+
+def _records(args, revision: str | None, keep, clients: ClientsProcess) -> list[dict]:
     from ..serve.engine import StateSizes
     from ..serve.launch import ServerProcess
 
     records: list[dict] = []
-    server_threads = max(1, args.threads - 1)  # as ``tokenmix serve`` by default: one core left to its HTTP event loop
+    # as ``tokenmix serve`` by default: one core left to its HTTP event loop and, unpinned, to the clients
+    server_threads = args.threads if args.server_cpus else max(1, args.threads - 1)
     common = {"threads": args.threads, "server_threads": server_threads, "dim": args.model_dim, "depth": args.depth, "git_commit": revision}
     largest = max(args.concurrency)
     prompts = prompts_for(largest * args.serve_requests)
@@ -131,23 +182,26 @@ def serve_records(args, revision: str | None, keep) -> list[dict]:
             with ServerProcess(folder, *flags) as server:
                 for concurrency in args.concurrency:
                     chosen = prompts[: concurrency * args.serve_requests]
-                    before, clients_before = _server_seconds(server.url), time.process_time()
-                    results, seconds = asyncio.run(_clients(server.url, chosen, concurrency, args.serve_tokens))
-                    after, clients_cpu = _server_seconds(server.url), time.process_time() - clients_before
+                    before = _server_seconds(server.url)
+                    run = clients.run(run_clients, server.url, chosen, concurrency, args.serve_tokens)
+                    after = _server_seconds(server.url)
+                    results, seconds = run["results"], run["seconds"]
                     tokens = sum(result["tokens"] for result in results)
                     batched = _generate_rate(model, chosen, args.serve_tokens, concurrency)
                     sequential = _generate_rate(model, prompts[:SEQUENTIAL_MAX], args.serve_tokens, 1)  # beside it: the same load
                     record = {"kind": "serve", "model": name, "concurrency": concurrency, "requests": len(results), "tokens": tokens}
                     record |= {"tokens_per_second": tokens / seconds, "batched_tokens_per_second": batched, "seconds": seconds}
                     record |= {f"engine_{phase}_seconds": after[phase] - before[phase] for phase in ENGINE_PHASES}
-                    record |= {"server_cpu_seconds": _difference(after["cpu"], before["cpu"]), "clients_cpu_seconds": clients_cpu}
+                    record |= {"server_cpu_seconds": _difference(after["cpu"], before["cpu"]), "clients_cpu_seconds": run["cpu_seconds"]}
+                    record |= {"server_cpus": sorted(usable_cpus(server.process.pid)), "client_cpus": run["cpus"]}
                     record |= {"sequential_tokens_per_second": sequential, **_latencies(results), **common}
                     records.append(record)
                     keep(records)
-                records.append({"kind": "serve_prefix", "model": name, **_prefix(server.url), **common})
+                records.append({"kind": "serve_prefix", "model": name, **clients.run(_prefix, server.url), **common})
                 keep(records)
             flood_budget = FLOOD_MEMORY_ROWS * StateSizes(model, PREFIX_PROMPT + args.serve_tokens, "cpu").at(FLOOD_ROW_TOKENS)
-            records.append({"kind": "serve_flood", "model": name, **_flood(folder, flags, args.serve_tokens, flood_budget), **common})
+            flood = _flood(folder, flags, args.serve_tokens, flood_budget, clients)
+            records.append({"kind": "serve_flood", "model": name, **flood, **common})
             keep(records)
     return records
 
@@ -168,14 +222,15 @@ def _prefix(url: str) -> dict:
     return {"prompt_tokens": len(prompt), "first_ttft_ms": ttft[0], "second_ttft_ms": ttft[1], "speedup": ttft[0] / ttft[1]}
 
 
-def _flood(folder: str, flags: list[str], new_tokens: int, budget: int) -> dict:
+def _flood(folder: str, flags: list[str], new_tokens: int, budget: int, clients: ClientsProcess) -> dict:
     """``FLOOD_REQUESTS`` requests at once against a server with ``--max-state-memory`` ``budget``."""
     import httpx
 
     from ..serve.launch import ServerProcess
 
     with ServerProcess(folder, *flags, "--max-state-memory", str(budget)) as server:
-        results, seconds = asyncio.run(_clients(server.url, prompts_for(FLOOD_REQUESTS, seed=2), FLOOD_REQUESTS, new_tokens))
+        run = clients.run(run_clients, server.url, prompts_for(FLOOD_REQUESTS, seed=2), FLOOD_REQUESTS, new_tokens)
+        results, seconds = run["results"], run["seconds"]
         metrics = httpx.get(f"{server.url}/metrics").text
     statuses = [result["status"] for result in results]
     complete = sum(1 for result in results if result["status"] == 200 and result["tokens"] == new_tokens)

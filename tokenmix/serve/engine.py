@@ -387,7 +387,7 @@ class Engine:
             start = cached.pads + len(cached_key)
         remaining = prompt[len(cached_key or ()) :]
         limits = (self.chunk, self.period, job.sampling.max_tokens, self.context, self.iterations)
-        plans = [(cohort, join_plan(cohort.position, start, len(remaining), *limits)) for cohort in self.cohorts]
+        plans = [(cohort, join_plan(cohort.position, start, len(remaining), *limits, self._landings(cohort))) for cohort in self.cohorts]
         shared = min(sampling.max_tokens, MAX_WAIT)  # steps a join must share with the batch's rows to be worth its padding
 
         def lasting(cohort: Cohort, plan: JoinPlan) -> bool:
@@ -402,8 +402,8 @@ class Engine:
             self.cohorts.append(cohort)
         cohort.joining += 1
         if cached_key is None:  # a new prompt joins the unstarted prefill landing alike: one batch, read and joined once
-            alike = (prefill for prefill in self.prefills if prefill.cohort is cohort and prefill.plan.position == plan.position)
-            prefill = next((prefill for prefill in alike if not prefill.resumed and prefill.state is None), None)
+            alike = (prefill for prefill in self._unstarted(cohort) if prefill.plan.position == plan.position)
+            prefill = next(alike, None)
             if prefill is not None:
                 prefill.add(job, prompt, plan.pads)
                 return
@@ -414,6 +414,13 @@ class Engine:
             prefill.jobs, prefill.prompts, prefill.pads, prefill.tokens = [job], [prompt], [cached.pads], [list(remaining)]
             prefill.resumed, prefill.state, prefill.logits = True, cached.state.select([0]), cached.logits
         self.prefills.append(prefill)
+
+    def _unstarted(self, cohort: Cohort) -> list[Prefill]:
+        """The prefills of new prompts landing on ``cohort`` that have read nothing yet (others may join them)."""
+        return [prefill for prefill in self.prefills if prefill.cohort is cohort and not prefill.resumed and prefill.state is None]
+
+    def _landings(self, cohort: Cohort) -> frozenset[int]:
+        return frozenset(prefill.plan.position for prefill in self._unstarted(cohort))
 
     def _feed(self, prefill: Prefill) -> None:
         size = prefill.next_chunk(self.chunk)

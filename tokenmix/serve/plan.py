@@ -33,13 +33,23 @@ def chunks_needed(tokens: int, chunk: int) -> int:
 
 
 def join_plan(
-    batch_position: int, start: int, tokens: int, chunk: int, period: int | None, max_tokens: int, context: int, now: int = 0
+    batch_position: int,
+    start: int,
+    tokens: int,
+    chunk: int,
+    period: int | None,
+    max_tokens: int,
+    context: int,
+    now: int = 0,
+    landings: frozenset[int] = frozenset(),
 ) -> JoinPlan | None:
     """How a stream at position ``start`` (0: a new prompt, which may be padded; else a cached prefix,
     which may not) with ``tokens`` prompt tokens still to read joins a batch now at ``batch_position``,
     or None when it cannot within ``MAX_WAIT`` iterations, the padding budget and the ``context``.
-    Of the ways it can, the first that lands on an iteration (counted from ``now``) that is a multiple
-    of ``JOIN_EVERY``, else the soonest: joining copies the batch's state, once for all that land together."""
+    Of the ways it can, the first that lands at one of ``landings`` (positions where unstarted
+    prefills of new prompts land: it is read with them, as one batch), else on an iteration (counted
+    from ``now``) that is a multiple of ``JOIN_EVERY``, else the soonest: joining copies the batch's
+    state, once for all that land together."""
     fewest = chunks_needed(tokens, chunk)
     lag = start + tokens - batch_position  # iterations that land it unpadded
     if start > 0 or period is None:
@@ -51,7 +61,8 @@ def join_plan(
     usable = [iterations for iterations in candidates if fewest <= iterations <= last and iterations - lag <= room]
     if not usable:
         return None
-    iterations = next((it for it in usable if (now + it) % JOIN_EVERY == 0), usable[0])
+    shared = (it for it in usable if batch_position + it in landings)
+    iterations = next(shared, next((it for it in usable if (now + it) % JOIN_EVERY == 0), usable[0]))
     return JoinPlan(iterations, batch_position + iterations, iterations - lag)
 
 
