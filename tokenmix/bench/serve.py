@@ -275,6 +275,7 @@ def serve_tables(records: list[dict]) -> str:
             "batched_tokens_s": r["batched_tokens_per_second"],
             "vs_batched": r["tokens_per_second"] / r["batched_tokens_per_second"],
             "vs_one_at_a_time": r["tokens_per_second"] / r["sequential_tokens_per_second"],
+            "batched_vs_one_at_a_time": r["batched_tokens_per_second"] / r["sequential_tokens_per_second"],
             **{f"ttft_p{share}_ms": r[f"ttft_p{share}_ms"] for share in PERCENTILES},
             **{f"tpot_p{share}_ms": r[f"tpot_p{share}_ms"] for share in PERCENTILES},
         }
