@@ -23,7 +23,6 @@ request ended, and the most the states held against the budget).
 from __future__ import annotations
 
 import asyncio
-import json
 import multiprocessing
 import tempfile
 import time
@@ -62,18 +61,22 @@ def prompts_for(count: int, seed: int = 0) -> list[list[int]]:
     return [torch.randint(0, VOCAB, (int(length),), generator=generator).tolist() for length in lengths]
 
 
+TOKEN_EVENT = b'"finish_reason": null}]}\n\n'  # how each server-sent token event ends (one choice, as the bench asks)
+
+
 async def _stream(http, url: str, request: dict) -> dict:
-    """One streaming request: when it was sent, its first token came, it ended, and its tokens."""
-    sent, first, tokens = time.perf_counter(), None, 0
+    """One streaming request: when it was sent, its first token came, it ended, and its tokens.
+
+    Token events are counted in the bytes as they come, without parsing each one's JSON: a client
+    costs the CPU its clients share with the server on one machine as little as it can."""
+    sent, first, tokens, rest = time.perf_counter(), None, 0, b""
     async with http.stream("POST", f"{url}/v1/completions", json=request) as response:
         if response.status_code != 200:
             return {"status": response.status_code, "sent": sent}
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            if json.loads(line[6:])["choices"][0]["finish_reason"] is None:
-                tokens += 1
-                first = first or time.perf_counter()
+        async for part in response.aiter_raw():
+            complete, separator, rest = (rest + part).rpartition(b"\n\n")
+            tokens += (complete + separator).count(TOKEN_EVENT)
+            first = first or (time.perf_counter() if tokens else None)
     return {"status": 200, "sent": sent, "first": first, "end": time.perf_counter(), "tokens": tokens}
 
 
@@ -256,13 +259,15 @@ def _difference(after: float | None, before: float | None) -> float | None:
 
 
 def _server_seconds(url: str) -> dict[str, float | None]:
-    """The server's ``tokenmix_engine_seconds`` by phase so far, and its process's CPU seconds ("cpu":
-    ``process_cpu_seconds_total``, None where the platform has no /proc)."""
+    """The server's ``tokenmix_engine_seconds`` by phase so far, and the CPU seconds of its two processes ("cpu":
+    the engine's ``process_cpu_seconds_total`` and the HTTP one's ``tokenmix_http_process_cpu_seconds_total``,
+    None where the platform has no /proc)."""
     import httpx
 
     text = httpx.get(f"{url}/metrics").text
     seconds = {phase: _metric(text, f'tokenmix_engine_seconds_total{{phase="{phase}"}}') for phase in ENGINE_PHASES}
-    return seconds | {"cpu": _metric(text, "process_cpu_seconds_total")}
+    engine, http = _metric(text, "process_cpu_seconds_total"), _metric(text, "tokenmix_http_process_cpu_seconds_total")
+    return seconds | {"cpu": None if engine is None or http is None else engine + http}
 
 
 def serve_tables(records: list[dict]) -> str:

@@ -117,12 +117,13 @@ def run_serve(args) -> int:
             import uvicorn
 
             from ..serve.app import create_app
-            from ..serve.engine import Engine
+            from ..serve.remote import EngineProcess
             from ..serve.requests import Limits
         except ImportError:
             raise ValueError(SERVE_EXTRA) from None
-        set_threads(args.threads or max(1, min(torch.get_num_threads(), available_cpus() - 1)))  # a core for the HTTP loop
-        model, tokenizer, name = load_served(args.checkpoint, args.device)
+        threads = args.threads or max(1, min(torch.get_num_threads(), available_cpus() - 1))  # a core for the HTTP loop
+        set_threads(threads)  # warns here when there are more threads than CPUs; the engine's process uses as many
+        _, tokenizer, name = load_served(args.checkpoint, "cpu")  # a wrong path or model is refused before that process starts
         if args.max_choices is None:
             args.max_choices = min(DEFAULT_CHOICES, args.max_batch)
         limits = Limits(args.max_request_bytes, args.max_prompt_tokens, args.max_tokens, args.max_choices)
@@ -131,25 +132,20 @@ def run_serve(args) -> int:
         api_key = args.api_key or os.environ.get(API_KEY_VARIABLE) or None
     context = args.max_prompt_tokens + args.max_tokens
     print(f"tokenmix serve: measuring state sizes up to {context} tokens", file=sys.stderr, flush=True)
-    engine = Engine(
-        model,
-        tokenizer.token_bytes,
-        context=context,
-        max_batch=args.max_batch,
-        max_state_memory=args.max_state_memory,
-        chunk=args.chunk,
-        prefix_min=args.prefix_cache_min,
-    )
+    options = {"context": context, "max_batch": args.max_batch, "max_state_memory": args.max_state_memory, "chunk": args.chunk}
+    options["prefix_min"] = args.prefix_cache_min
+    settings = {"served": args.checkpoint, "device": args.device, "threads": threads, "engine": options}
+    with user_input():
+        engine = EngineProcess(settings)
     app = create_app(engine, tokenizer, args.model_name or name, api_key=api_key, limits=limits)
-    worker = threading.Thread(target=engine.run, name="tokenmix-engine", daemon=True)
-    worker.start()
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
     server = DrainingServer(config, engine, args.drain_timeout)
     announce = threading.Thread(target=_announce, args=(server.server, api_key is not None), daemon=True)
     announce.start()
-    server.run()
-    engine.stop()
-    worker.join(timeout=10)
+    try:
+        server.run()
+    finally:
+        engine.stop()
     return 0
 
 

@@ -3,8 +3,8 @@
 ``POST /v1/completions`` (server-sent events when ``stream`` is true), ``GET /v1/models``,
 ``GET /health``, ``GET /metrics`` (Prometheus text) and a page at ``/`` to try the model. With an
 API key, /v1/* and /metrics need ``Authorization: Bearer KEY``. Every error is OpenAI's JSON
-error object with its HTTP status; the engine runs in its own thread and reaches a request's
-handler through an asyncio queue.
+error object with its HTTP status; the engine runs in its own process (``remote.py``) and reaches
+a request's handler through an asyncio queue.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from .engine import Busy, Engine, Failed, Job, Token, Unavailable
+from .engine import Busy, Failed, Token, Unavailable
+from .remote import EngineProcess, RemoteJob
 from .requests import ApiError, Completion, Limits, parse_completion
 
 DISCONNECT_POLL = 0.5  # seconds between checks that a non-streaming client is still there
@@ -107,12 +108,16 @@ class Choices:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "total_tokens": total}
 
 
-def create_app(engine: Engine, tokenizer, model_id: str, *, api_key: str | None = None, limits: Limits | None = None) -> FastAPI:
+def create_app(engine: EngineProcess, tokenizer, model_id: str, *, api_key: str | None = None, limits: Limits | None = None) -> FastAPI:
     """The app serving ``engine`` (started and stopped by the caller) as model ``model_id``."""
+    from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+
     limits = limits or Limits()
     app = FastAPI(title="tokenmix serve", docs_url=None, redoc_url=None, openapi_url=None)
     created = int(time.time())
-    vocab_size = engine.model.config.vocab_size
+    vocab_size = engine.vocab_size
+    own = CollectorRegistry()  # this process's CPU and memory; the engine's process reports its own
+    ProcessCollector(namespace="tokenmix_http", registry=own)
     mailboxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # by event loop: the server's one (tests may run others)
 
     @app.exception_handler(ApiError)
@@ -137,13 +142,14 @@ def create_app(engine: Engine, tokenizer, model_id: str, *, api_key: str | None 
     @app.get("/health")
     async def health():
         if not engine.accepting:
-            return JSONResponse({"status": "draining"}, status_code=503)
+            return JSONResponse({"status": "stopped" if engine.stopped else "draining"}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/metrics")
     async def metrics(request: Request):
         authorize(request)
-        return Response(engine.metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        text = await engine.metrics_text() + generate_latest(own)
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")
     async def models(request: Request):
@@ -167,8 +173,8 @@ def create_app(engine: Engine, tokenizer, model_id: str, *, api_key: str | None 
             def emit(event, base=base * completion.sampling.n):
                 mailbox.post(events, (base, event))
 
-            jobs.append(Job(prompt, completion.sampling, emit))
-        submit(jobs)
+            jobs.append(engine.job(prompt, completion.sampling, emit))
+        await submit(jobs)
         answer = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": model_id}
         choices = Choices(completion)
         if completion.stream:
@@ -177,7 +183,7 @@ def create_app(engine: Engine, tokenizer, model_id: str, *, api_key: str | None 
             await collect(request, jobs, events, choices)
         finally:
             for job in jobs:
-                job.cancel()  # no-op for finished jobs; frees the rows of a client that went away
+                engine.cancel(job)  # no-op for finished jobs; frees the rows of a client that went away
         answer["choices"] = [
             {
                 "text": choices.text[i],
@@ -189,13 +195,13 @@ def create_app(engine: Engine, tokenizer, model_id: str, *, api_key: str | None 
         ]
         return {**answer, "usage": choices.usage()}
 
-    def submit(jobs: list[Job]) -> None:
+    async def submit(jobs: list[RemoteJob]) -> None:
         for index, job in enumerate(jobs):
             try:
-                engine.submit(job)
+                await engine.submit(job)
             except (Busy, Unavailable, ValueError) as error:
                 for earlier in jobs[:index]:
-                    earlier.cancel()
+                    engine.cancel(earlier)
                 if isinstance(error, Busy):
                     raise ApiError(429, str(error), code="server_full", headers={"Retry-After": str(error.retry_after)}) from None
                 if isinstance(error, Unavailable):
@@ -208,7 +214,7 @@ def create_app(engine: Engine, tokenizer, model_id: str, *, api_key: str | None 
             raise ApiError(500, event.message, code="engine_error")
         return base, event
 
-    async def collect(request: Request, jobs: list[Job], events: asyncio.Queue, choices: Choices) -> None:
+    async def collect(request: Request, jobs: list[RemoteJob], events: asyncio.Queue, choices: Choices) -> None:
         while None in choices.reason:
             try:
                 base, event = await next_event(events, DISCONNECT_POLL)
@@ -218,7 +224,7 @@ def create_app(engine: Engine, tokenizer, model_id: str, *, api_key: str | None 
                 continue
             choices.add(base + event.choice, event)
 
-    async def stream(jobs: list[Job], events: asyncio.Queue, answer: dict, choices: Choices, include_usage: bool):
+    async def stream(jobs: list[RemoteJob], events: asyncio.Queue, answer: dict, choices: Choices, include_usage: bool):
         """One event per token; the events that came while the last were sent go out in one write."""
         head = json.dumps(answer)[:-1] + ', "choices": ['  # the answer's fields, then each chunk's choice
         try:
@@ -238,6 +244,6 @@ def create_app(engine: Engine, tokenizer, model_id: str, *, api_key: str | None 
             yield "data: [DONE]\n\n"
         finally:
             for job in jobs:
-                job.cancel()  # a client that disconnects mid-stream frees its rows at the next iteration
+                engine.cancel(job)  # a client that disconnects mid-stream frees its rows at the next iteration
 
     return app

@@ -318,8 +318,9 @@ class Engine:
             self.lock.notify()
 
     # -- the engine's thread ---------------------------------------------------------------------
-    def run(self) -> None:
-        """Serve until ``stop``: one iteration whenever there is work, asleep otherwise."""
+    def run(self, after_iteration: Callable[[], None] | None = None) -> None:
+        """Serve until ``stop``: one iteration whenever there is work, asleep otherwise; ``after_iteration``
+        is called after each (the engine's process sends the iteration's events then)."""
         while True:
             with self.lock:
                 while not self.stopped and not (self.waiting or self.prefills or self.cohorts):
@@ -331,6 +332,8 @@ class Engine:
                     self.iteration()
             except Exception as error:  # noqa: BLE001 - every running request learns of it; the server goes on
                 self._fail_all(f"the model failed: {type(error).__name__}: {error}")
+            if after_iteration is not None:
+                after_iteration()
 
     def iteration(self) -> None:
         clock = PhaseClock(self.metrics.engine_seconds)

@@ -1,0 +1,255 @@
+"""The engine in a process of its own, so that the HTTP event loop and the model's thread share no GIL.
+
+In one process, every token the event loop writes (a JSON chunk through the ASGI stack) holds the
+GIL the engine's thread needs between two tensor operations: the loop's work and the model's
+dispatch run one after the other even on two cores. Here ``EngineProcess`` (in the server) starts
+``Engine`` in a child process and talks to it over two pipes: the server sends requests,
+cancellations and questions (admission, metrics, idleness); the child answers each question, and
+after every iteration sends the events of all its rows in one message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import multiprocessing
+import signal
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from .engine import Busy, Failed, Finished, Job, Sampling, Unavailable
+
+STARTUP_SECONDS = 600  # loading the model and measuring its state sizes
+
+
+@dataclass(eq=False)
+class RemoteJob:
+    """A request as the server holds it: its prompt, settings, where its events go, and its choices still running."""
+
+    prompt: list[int]
+    sampling: Sampling
+    emit: object
+    number: int = 0
+    running: int = field(init=False)
+
+    def __post_init__(self):
+        self.running = self.sampling.n
+
+
+class EngineProcess:
+    """The server's side: ``submit`` (awaitable; raises ``Busy``, ``Unavailable`` or ValueError as
+    ``Engine.submit`` does), ``cancel``, ``drain``, ``idle``, ``metrics_text``, ``stop``."""
+
+    def __init__(self, settings: dict):
+        context = multiprocessing.get_context("spawn")
+        self.requests, child_requests = context.Pipe(duplex=False)[::-1]  # (send end here, receive end there)
+        child_events, self.events = context.Pipe(duplex=False)[::-1]
+        self.process = context.Process(target=serve_engine, args=(child_requests, child_events, settings), name="tokenmix-engine")
+        self.process.start()
+        child_requests.close()
+        child_events.close()
+        self.accepting, self.stopped, self.vocab_size = True, False, None
+        self.jobs: dict[int, RemoteJob] = {}
+        self.answers: dict[int, Future] = {}
+        self.numbers = itertools.count(1)
+        self.send_lock, self.state_lock = threading.Lock(), threading.Lock()
+        kind, value = self._receive_startup()
+        if kind == "error":
+            self.process.join(30)
+            raise ValueError(value)
+        self.vocab_size = value
+        threading.Thread(target=self._read, name="tokenmix-engine-events", daemon=True).start()
+
+    def _receive_startup(self):
+        if not self.events.poll(STARTUP_SECONDS):
+            self.process.kill()
+            raise RuntimeError(f"the engine process did not start within {STARTUP_SECONDS} s")
+        try:
+            return self.events.recv()
+        except EOFError:
+            raise RuntimeError(f"the engine process exited while starting (exit code {self.process.exitcode})") from None
+
+    def _send(self, message: tuple) -> None:
+        with self.send_lock:
+            self.requests.send(message)
+
+    def _ask(self, question: str, *arguments) -> Future:
+        answer: Future = Future()
+        with self.state_lock:
+            if not self.process.is_alive():
+                answer.set_exception(Unavailable("the engine process has stopped"))
+                return answer
+            number = next(self.numbers)
+            self.answers[number] = answer
+        self._send((question, number, *arguments))
+        return answer
+
+    def job(self, prompt: list[int], sampling: Sampling, emit) -> RemoteJob:
+        return RemoteJob(prompt, sampling, emit)
+
+    async def submit(self, job: RemoteJob) -> None:
+        if not self.accepting:
+            raise Unavailable("the engine has stopped" if self.stopped else "the server is shutting down and takes no new requests")
+        with self.state_lock:
+            job.number = next(self.numbers)
+            self.jobs[job.number] = job
+        refusal = await asyncio.wrap_future(self._ask("submit", job.number, job.prompt, job.sampling))
+        if refusal is not None:
+            with self.state_lock:
+                self.jobs.pop(job.number, None)
+            kind, message, retry_after = refusal
+            raise {"busy": Busy(message, retry_after), "unavailable": Unavailable(message)}.get(kind, ValueError(message))
+
+    def cancel(self, job: RemoteJob) -> None:
+        """The client went away (or the answer is complete): its rows leave at the engine's next iteration."""
+        with self.state_lock:
+            running = self.jobs.pop(job.number, None) is not None and job.running > 0
+        if running and self.process.is_alive():
+            self._send(("cancel", job.number))
+
+    async def metrics_text(self) -> bytes:
+        return await asyncio.wrap_future(self._ask("metrics"))
+
+    def drain(self) -> None:
+        self.accepting = False
+        self._send(("drain",))
+
+    def idle(self) -> bool:
+        try:
+            return self._ask("idle").result(30)
+        except Unavailable:
+            return True
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self._send(("stop",))
+            self.process.join(10)
+        if self.process.is_alive():
+            self.process.kill()
+
+    def _read(self) -> None:
+        """Deliver the child's events and answers until it goes; then every request still running fails."""
+        while True:
+            try:
+                kind, payload = self.events.recv()
+            except (EOFError, OSError):
+                break
+            if kind == "events":
+                for number, event in payload:
+                    self._deliver(number, event)
+            else:
+                number, value = payload
+                with self.state_lock:
+                    answer = self.answers.pop(number)
+                answer.set_result(value)
+        self._fail_all(f"the engine process stopped (exit code {self.process.exitcode})")
+
+    def _deliver(self, number: int, event) -> None:
+        with self.state_lock:
+            job = self.jobs.get(number)
+            if job is None:
+                return
+            if isinstance(event, (Finished, Failed)):
+                job.running = 0 if isinstance(event, Failed) else job.running - 1
+        job.emit(event)
+
+    def _fail_all(self, message: str) -> None:
+        self.accepting, self.stopped = False, True
+        with self.state_lock:
+            jobs, self.jobs = list(self.jobs.values()), {}
+            answers, self.answers = list(self.answers.values()), {}
+        for answer in answers:
+            answer.set_exception(Unavailable(message))
+        for job in jobs:
+            try:
+                job.emit(Failed(message))
+            except RuntimeError:  # its event loop is closed: the server is stopping
+                pass
+
+
+def serve_engine(requests, events, settings: dict) -> None:
+    """The child: load the model, build the engine, run it in a thread and answer the server until it says stop
+    (or goes away). Signals are the server's to handle: it drains, then stops this process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from ..cli.serve import load_served
+    from ..runtime import retain_freed_memory, set_threads
+    from .engine import Engine
+
+    retain_freed_memory()
+    try:
+        set_threads(settings["threads"])
+        model, tokenizer, _ = load_served(settings["served"], settings["device"])
+        engine = Engine(model, tokenizer.token_bytes, **settings["engine"])
+    except (ValueError, RuntimeError) as error:
+        events.send(("error", str(error)))
+        return
+    outbox = Outbox(events)
+    events.send(("ready", model.config.vocab_size))
+    worker = threading.Thread(target=engine.run, kwargs={"after_iteration": outbox.flush}, name="tokenmix-engine", daemon=True)
+    worker.start()
+    jobs: dict[int, Job] = {}
+    while True:
+        try:
+            message = requests.recv()
+        except (EOFError, OSError):  # the server went away
+            break
+        if message[0] == "stop":
+            break
+        answer_to(message, engine, jobs, outbox)
+    engine.stop()
+    worker.join(10)
+
+
+class Outbox:
+    """The child's events, sent once per iteration, and its answers, sent at once (one pipe, one lock)."""
+
+    def __init__(self, connection):
+        self.connection, self.pending, self.lock = connection, [], threading.Lock()
+
+    def post(self, number: int, event) -> None:
+        with self.lock:
+            self.pending.append((number, event))
+
+    def flush(self) -> None:
+        with self.lock:
+            pending, self.pending = self.pending, []
+            if pending:
+                self.connection.send(("events", pending))
+
+    def answer(self, number: int, value) -> None:
+        with self.lock:
+            self.connection.send(("answer", (number, value)))
+
+
+def answer_to(message: tuple, engine, jobs: dict, outbox: Outbox) -> None:
+    kind = message[0]
+    if kind == "submit":
+        _, question, number, prompt, sampling = message
+        job = Job(prompt, sampling, lambda event, number=number: outbox.post(number, event))
+        try:
+            engine.submit(job)
+        except Busy as error:
+            outbox.answer(question, ("busy", str(error), error.retry_after))
+            return
+        except Unavailable as error:
+            outbox.answer(question, ("unavailable", str(error), None))
+            return
+        except ValueError as error:
+            outbox.answer(question, ("invalid", str(error), None))
+            return
+        for finished in [key for key, held in jobs.items() if held.unfinished == 0]:
+            del jobs[finished]
+        jobs[number] = job
+        outbox.answer(question, None)
+    elif kind == "cancel":
+        job = jobs.pop(message[1], None)
+        if job is not None:
+            job.cancel()
+    elif kind == "metrics":
+        outbox.answer(message[1], engine.metrics.text())
+    elif kind == "idle":
+        outbox.answer(message[1], engine.idle())
+    elif kind == "drain":
+        engine.drain()
