@@ -17,6 +17,7 @@ from test_contracts import LM_MODELS, model  # noqa: E402
 
 import tokenmix  # noqa: E402
 from tokenmix.serve import ENGINE_PHASES  # noqa: E402
+from tokenmix.serve import engine as engine_module  # noqa: E402
 from tokenmix.serve.engine import Busy, Engine, Failed, Finished, Job, Sampling, Token  # noqa: E402
 from tokenmix.serve.plan import JOIN_EVERY, MAX_WAIT, PAD_FLOOR, chunk_sizes, join_plan  # noqa: E402
 from tokenmix.serve.text import CompletionText  # noqa: E402
@@ -160,6 +161,27 @@ def test_prompts_arriving_at_once_are_read_as_one_batch():
     for (prompt, sampling), (_, collected) in zip(requests, jobs, strict=True):
         options = {"temperature": sampling.temperature, "seed": sampling.seed, "max_length": CONTEXT}
         assert collected.tokens[0] == tokenmix.generate(network, [torch.tensor(prompt)], sampling.max_tokens, **options)[0].tolist()
+
+
+@pytest.mark.parametrize("quiet", [0.0, 0.5])
+def test_an_idle_engine_waits_for_the_rest_of_a_burst_before_reading_it(quiet, monkeypatch):
+    """Requests that come within ``BURST_QUIET`` of each other to an idle engine are read as one prefill;
+    without the wait the first is read alone (and the others join it later, copying its state)."""
+    monkeypatch.setattr(engine_module, "BURST_QUIET", quiet)
+    monkeypatch.setattr(engine_module, "BURST_MAX", 5.0)
+    network = model("tnn").eval()
+    engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=8, max_state_memory=10**10, prefix_min=0)
+    calls = model_calls(network)
+    thread = running(engine)
+    jobs = []
+    for length in (12, 7, 9):
+        jobs.append(submit(engine, list(range(1, length + 1)), Sampling(max_tokens=4, seed=length)))
+        threading.Event().wait(0.05)
+    assert all(collected.done.wait(60) for _, collected in jobs)
+    engine.stop()
+    thread.join(5)
+    prefills = [batch for batch, tokens in calls if tokens > 1]
+    assert prefills[0] == (3 if quiet else 1)
 
 
 def test_prompts_arriving_over_several_iterations_are_read_together_and_joined_by_one_copy():

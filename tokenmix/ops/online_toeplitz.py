@@ -44,6 +44,8 @@ class OnlineToeplitzState(StreamState):
     def concat_tensors(cls, name: str, tensors: list[torch.Tensor]) -> torch.Tensor:
         """The histories joined at the largest capacity (zeros past the position, as ``_grow`` adds), in one copy."""
         first = tensors[0]
+        if all(tensor.shape[1] == first.shape[1] for tensor in tensors):
+            return torch.cat(tensors)  # no zeros to write first
         joined = first.new_zeros(sum(tensor.shape[0] for tensor in tensors), max(tensor.shape[1] for tensor in tensors), first.shape[2])
         row = 0
         for tensor in tensors:

@@ -32,6 +32,8 @@ from .metrics import ServeMetrics
 from .plan import MAX_WAIT, PAD_FLOOR, JoinPlan, alone_plan, chunk_sizes, join_plan
 from .text import CompletionText, token_text
 
+BURST_QUIET, BURST_MAX = 0.002, 0.02  # seconds: an idle engine waits for the rest of a burst of requests (``_await_burst``)
+
 
 class Busy(Exception):
     """The server has no room for the request now (HTTP 429); ``retry_after`` seconds is a fair wait."""
@@ -323,8 +325,10 @@ class Engine:
         is called after each (the engine's process sends the iteration's events then)."""
         while True:
             with self.lock:
-                while not self.stopped and not (self.waiting or self.prefills or self.cohorts):
-                    self.lock.wait()
+                if not (self.waiting or self.prefills or self.cohorts):  # idle: wait for a request, then for the rest of its burst
+                    while not self.stopped and not self.waiting:
+                        self.lock.wait()
+                    self._await_burst()
                 if self.stopped:
                     return
             try:
@@ -334,6 +338,17 @@ class Engine:
                 self._fail_all(f"the model failed: {type(error).__name__}: {error}")
             if after_iteration is not None:
                 after_iteration()
+
+    def _await_burst(self) -> None:
+        """Under the lock, on an idle engine that just got a request: wait while more keep coming (each within
+        ``BURST_QUIET`` seconds of the last, for at most ``BURST_MAX``), so that requests sent together are
+        read as one batch (a first request read alone makes the rest join it: a copy of the batch's state)."""
+        deadline = time.monotonic() + BURST_MAX
+        while not self.stopped:
+            seen = len(self.waiting)
+            self.lock.wait(min(BURST_QUIET, max(0.0, deadline - time.monotonic())))
+            if len(self.waiting) == seen or time.monotonic() >= deadline:
+                return
 
     def iteration(self) -> None:
         clock = PhaseClock(self.metrics.engine_seconds)
