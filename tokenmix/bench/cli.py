@@ -114,8 +114,8 @@ def add_bench(subparsers) -> None:
         type=Cpus(),
         default=None,
         help="--kinds serve (Linux): run the server and the in-process decoding it is compared with on these CPUs (e.g. 0,1) and the "
-        "clients on the others, as clients on other machines would (default: every process on every CPU; the server's engine "
-        "decodes with one thread fewer than --threads either way)",
+        "clients on the others, as clients on other machines would; the server then decodes with --threads threads "
+        "(default: every process on every CPU, the server with one thread fewer than --threads)",
     )
     parser.add_argument(
         "--memory-budget",

@@ -7,10 +7,10 @@ streaming requests one after another (prompts of 16-128 random tokens, ``--serve
 tokens, sampled with their own seeds). Beside it, with the server idle, the same prompts go
 through ``tokenmix.generate`` in this process with ``--threads`` threads: c at once (the model's
 own batched decoding, no HTTP) and, right after, ``SEQUENTIAL_MAX`` prompts one at a time. The
-clients run in a child process. The server's engine, as by default, decodes with one thread fewer
-and leaves that core to its HTTP process (and the clients): the same cores in all. With
+clients run in a child process. The server, as by default, decodes with one thread fewer and
+leaves that core to its HTTP event loop (and the clients): the same cores in all. With
 ``--server-cpus`` (Linux), the server and this process run on those CPUs and the clients on the
-others.
+others, and the server decodes with ``--threads`` threads, as the in-process decoding does.
 Then a prompt of ``PREFIX_PROMPT`` tokens is sent twice (the second
 resumes from the prefix cache), and a flood of ``FLOOD_REQUESTS`` requests at once hits a server
 with a small ``--max-state-memory``.
@@ -172,7 +172,8 @@ def _records(args, revision: str | None, keep, clients: ClientsProcess) -> list[
     from ..serve.launch import ServerProcess
 
     records: list[dict] = []
-    server_threads = max(1, args.threads - 1)  # as ``tokenmix serve`` by default: one core left to its HTTP process
+    # as ``tokenmix serve`` by default: one core left to its HTTP event loop and, unpinned, to the clients
+    server_threads = args.threads if args.server_cpus else max(1, args.threads - 1)
     common = {"threads": args.threads, "server_threads": server_threads, "dim": args.model_dim, "depth": args.depth, "git_commit": revision}
     largest = max(args.concurrency)
     prompts = prompts_for(largest * args.serve_requests)
