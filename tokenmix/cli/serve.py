@@ -6,13 +6,13 @@ import os
 import sys
 import threading
 import time
-from pathlib import Path
 
 import torch
 
 from ..errors import user_input
 from ..fields import ByteSize, Existing, Integer, Number, Text
 from ..runtime import available_cpus, set_threads
+from ..serve.loading import load_served
 from .common import add_threads_and_device
 
 API_KEY_VARIABLE = "TOKENMIX_API_KEY"
@@ -59,27 +59,6 @@ def add_parser(subparsers) -> None:
     )
     add_threads_and_device(parser, threads_default="torch's, at most one fewer than the CPUs: one core is left to the HTTP server")
     parser.set_defaults(handler=run_serve)
-
-
-def load_served(path: str, device: str):
-    """(model, tokenizer, default id) of a run directory, checkpoint file or ``export-hf`` folder."""
-    from ..data.tokenizer import Tokenizer
-    from ..models.pretrained import from_pretrained
-    from ..train.checkpoint import CHECKPOINT_FILE, model_from_checkpoint
-
-    location = Path(path).expanduser()
-    if not location.exists():
-        raise ValueError(f"{path!r} does not exist (give a run directory, checkpoint.pt or export-hf folder)")
-    if location.is_dir() and not (location / CHECKPOINT_FILE).is_file():
-        model, tokenizer = from_pretrained(location, device=device), Tokenizer.load(location)
-    else:
-        model, train_config, tokenizer = model_from_checkpoint(location, device)
-        if tokenizer is None:
-            raise ValueError(f"serve answers with text; {path!r} was trained on {train_config['data']!r}, which is not text")
-    if model.config.task != "lm":
-        raise ValueError(f"serve needs a causal LM (task 'lm'); {path!r} is task {model.config.task!r}")
-    name = (location if location.is_dir() else location.parent).resolve().name
-    return model.eval(), tokenizer, name
 
 
 class DrainingServer:

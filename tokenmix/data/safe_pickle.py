@@ -52,4 +52,9 @@ def load_arrays_pickle(data: bytes, encoding: str = "bytes"):
 
     Raises ``pickle.UnpicklingError`` (``RefusedPickle`` for a disallowed global) or EOFError for bad data.
     """
-    return _ArraysOnly(io.BytesIO(data), encoding=encoding).load()
+    try:
+        return _ArraysOnly(io.BytesIO(data), encoding=encoding).load()
+    except (pickle.UnpicklingError, EOFError):
+        raise
+    except Exception as error:  # noqa: BLE001 - opcodes applied to the wrong objects (APPENDS on a dict, ...): bad data
+        raise pickle.UnpicklingError(f"it is not a well-formed pickle ({type(error).__name__}: {error})") from error

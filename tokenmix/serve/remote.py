@@ -173,9 +173,9 @@ def serve_engine(requests, events, settings: dict) -> None:
     (or goes away). Signals are the server's to handle: it drains, then stops this process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from ..cli.serve import load_served
     from ..runtime import retain_freed_memory, set_threads
     from .engine import Engine
+    from .loading import load_served
 
     retain_freed_memory()
     try:
