@@ -70,19 +70,27 @@ class EngineProcess:
         except EOFError:
             raise RuntimeError(f"the engine process exited while starting (exit code {self.process.exitcode})") from None
 
-    def _send(self, message: tuple) -> None:
-        with self.send_lock:
-            self.requests.send(message)
+    def _send(self, message: tuple) -> bool:
+        """Whether it went: not once the engine's process is gone (its reader then fails what was running)."""
+        try:
+            with self.send_lock:
+                self.requests.send(message)
+        except (BrokenPipeError, OSError):
+            return False
+        return True
 
     def _ask(self, question: str, *arguments) -> Future:
         answer: Future = Future()
         with self.state_lock:
-            if not self.process.is_alive():
-                answer.set_exception(Unavailable("the engine process has stopped"))
+            if self.stopped:
+                answer.set_exception(Unavailable("the engine has stopped"))
                 return answer
             number = next(self.numbers)
             self.answers[number] = answer
-        self._send((question, number, *arguments))
+        if not self._send((question, number, *arguments)):
+            with self.state_lock:
+                self.answers.pop(number, None)
+            answer.set_exception(Unavailable("the engine has stopped"))
         return answer
 
     def job(self, prompt: list[int], sampling: Sampling, emit) -> RemoteJob:
@@ -105,7 +113,7 @@ class EngineProcess:
         """The client went away (or the answer is complete): its rows leave at the engine's next iteration."""
         with self.state_lock:
             running = self.jobs.pop(job.number, None) is not None and job.running > 0
-        if running and self.process.is_alive():
+        if running:
             self._send(("cancel", job.number))
 
     async def metrics_text(self) -> bytes:
@@ -120,10 +128,11 @@ class EngineProcess:
             return self._ask("idle").result(30)
         except Unavailable:
             return True
+        except TimeoutError:  # no answer yet: still busy
+            return False
 
     def stop(self) -> None:
-        if self.process.is_alive():
-            self._send(("stop",))
+        if self._send(("stop",)):
             self.process.join(10)
         if self.process.is_alive():
             self.process.kill()
@@ -143,6 +152,7 @@ class EngineProcess:
                 with self.state_lock:
                     answer = self.answers.pop(number)
                 answer.set_result(value)
+        self.process.join(1)
         self._fail_all(f"the engine process stopped (exit code {self.process.exitcode})")
 
     def _deliver(self, number: int, event) -> None:
@@ -155,8 +165,8 @@ class EngineProcess:
         job.emit(event)
 
     def _fail_all(self, message: str) -> None:
-        self.accepting, self.stopped = False, True
         with self.state_lock:
+            self.accepting, self.stopped = False, True
             jobs, self.jobs = list(self.jobs.values()), {}
             answers, self.answers = list(self.answers.values()), {}
         for answer in answers:
@@ -216,11 +226,17 @@ class Outbox:
         with self.lock:
             pending, self.pending = self.pending, []
             if pending:
-                self.connection.send(("events", pending))
+                self._send(("events", pending))
 
     def answer(self, number: int, value) -> None:
         with self.lock:
-            self.connection.send(("answer", (number, value)))
+            self._send(("answer", (number, value)))
+
+    def _send(self, message: tuple) -> None:
+        try:
+            self.connection.send(message)
+        except (BrokenPipeError, OSError):  # the server went away: this process ends when its requests pipe closes
+            pass
 
 
 def answer_to(message: tuple, engine, jobs: dict, outbox: Outbox) -> None:
