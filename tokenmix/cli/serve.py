@@ -11,7 +11,7 @@ import torch
 
 from ..errors import user_input
 from ..fields import ByteSize, Existing, Integer, Number, Text
-from ..runtime import available_cpus, set_threads
+from ..runtime import available_cpus, release_freed_memory, set_threads
 from ..serve.loading import load_served
 from .common import add_threads_and_device
 
@@ -68,19 +68,22 @@ class DrainingServer:
     def __init__(self, config, engine, deadline: float):
         import uvicorn
 
-        self.engine, self.deadline = engine, deadline
+        self.engine, self.deadline, self.draining = engine, deadline, False
         self.server = uvicorn.Server(config)
         self.server.handle_exit = self.handle_exit
 
     def handle_exit(self, sig, frame) -> None:
-        if not self.engine.accepting:  # a second signal: stop now
+        """Runs on the event loop's thread between two of its steps: it only starts the drain's thread (which
+        talks to the engine: the interrupted step may hold the engine's pipe)."""
+        if self.draining:  # a second signal: stop now
             self.server.should_exit = True
             return
+        self.draining = True
         print(f"tokenmix serve: draining (up to {self.deadline:g} s) before exit", file=sys.stderr, flush=True)
-        self.engine.drain()
-        threading.Thread(target=self._stop_when_idle, daemon=True).start()
+        threading.Thread(target=self._drain, daemon=True).start()
 
-    def _stop_when_idle(self) -> None:
+    def _drain(self) -> None:
+        self.engine.drain()
         end = time.monotonic() + self.deadline
         while not self.engine.idle() and time.monotonic() < end:
             time.sleep(0.05)
@@ -102,7 +105,8 @@ def run_serve(args) -> int:
             raise ValueError(SERVE_EXTRA) from None
         threads = args.threads or max(1, min(torch.get_num_threads(), available_cpus() - 1))  # a core for the HTTP loop
         set_threads(threads)  # warns here when there are more threads than CPUs; the engine's process uses as many
-        _, tokenizer, name = load_served(args.checkpoint, "cpu")  # a wrong path or model is refused before that process starts
+        tokenizer, name = load_served(args.checkpoint, "cpu")[1:]  # a wrong path or model is refused before that process starts
+        release_freed_memory()  # the weights loaded here for the check: the engine's process loads its own
         if args.max_choices is None:
             args.max_choices = min(DEFAULT_CHOICES, args.max_batch)
         limits = Limits(args.max_request_bytes, args.max_prompt_tokens, args.max_tokens, args.max_choices)

@@ -16,6 +16,7 @@ import multiprocessing
 import signal
 import threading
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
 from .engine import Busy, Failed, Finished, Job, Sampling, Unavailable
@@ -25,7 +26,8 @@ STARTUP_SECONDS = 600  # loading the model and measuring its state sizes
 
 @dataclass(eq=False)
 class RemoteJob:
-    """A request as the server holds it: its prompt, settings, where its events go, and its choices still running."""
+    """A request as the server holds it: its prompt, settings, where its events go, and its choices still
+    running (at 0 it is forgotten: nothing is left to cancel)."""
 
     prompt: list[int]
     sampling: Sampling
@@ -45,11 +47,14 @@ class EngineProcess:
         context = multiprocessing.get_context("spawn")
         self.requests, child_requests = context.Pipe(duplex=False)[::-1]  # (send end here, receive end there)
         child_events, self.events = context.Pipe(duplex=False)[::-1]
-        self.process = context.Process(target=serve_engine, args=(child_requests, child_events, settings), name="tokenmix-engine")
+        # a daemon: ended at this process's exit whatever happens (a clean stop first asks it to end)
+        self.process = context.Process(
+            target=serve_engine, args=(child_requests, child_events, settings), name="tokenmix-engine", daemon=True
+        )
         self.process.start()
         child_requests.close()
         child_events.close()
-        self.accepting, self.stopped, self.vocab_size = True, False, None
+        self.accepting, self.stopped = True, False
         self.jobs: dict[int, RemoteJob] = {}
         self.answers: dict[int, Future] = {}
         self.numbers = itertools.count(1)
@@ -102,7 +107,11 @@ class EngineProcess:
         with self.state_lock:
             job.number = next(self.numbers)
             self.jobs[job.number] = job
-        refusal = await asyncio.wrap_future(self._ask("submit", job.number, job.prompt, job.sampling))
+        try:
+            refusal = await asyncio.wrap_future(self._ask("submit", job.number, job.prompt, job.sampling))
+        except BaseException:  # the engine stopped, or the handler was cancelled: nothing runs for it here
+            self.cancel(job)
+            raise
         if refusal is not None:
             with self.state_lock:
                 self.jobs.pop(job.number, None)
@@ -128,7 +137,7 @@ class EngineProcess:
             return self._ask("idle").result(30)
         except Unavailable:
             return True
-        except TimeoutError:  # no answer yet: still busy
+        except (TimeoutError, FutureTimeout):  # no answer yet: still busy (the two differ before Python 3.11)
             return False
 
     def stop(self) -> None:
@@ -150,8 +159,9 @@ class EngineProcess:
             else:
                 number, value = payload
                 with self.state_lock:
-                    answer = self.answers.pop(number)
-                answer.set_result(value)
+                    answer = self.answers.pop(number, None)
+                if answer is not None and not answer.done():  # a cancelled asker's answer is dropped
+                    answer.set_result(value)
         self.process.join(1)
         self._fail_all(f"the engine process stopped (exit code {self.process.exitcode})")
 
@@ -162,7 +172,12 @@ class EngineProcess:
                 return
             if isinstance(event, (Finished, Failed)):
                 job.running = 0 if isinstance(event, Failed) else job.running - 1
-        job.emit(event)
+                if job.running == 0:
+                    del self.jobs[number]
+        try:
+            job.emit(event)
+        except RuntimeError:  # its event loop is closed: the server is stopping
+            pass
 
     def _fail_all(self, message: str) -> None:
         with self.state_lock:
@@ -170,7 +185,8 @@ class EngineProcess:
             jobs, self.jobs = list(self.jobs.values()), {}
             answers, self.answers = list(self.answers.values()), {}
         for answer in answers:
-            answer.set_exception(Unavailable(message))
+            if not answer.done():
+                answer.set_exception(Unavailable(message))
         for job in jobs:
             try:
                 job.emit(Failed(message))
@@ -229,7 +245,11 @@ class Outbox:
                 self._send(("events", pending))
 
     def answer(self, number: int, value) -> None:
+        """After the events already made (an idle engine's last Finished events reach the server first)."""
         with self.lock:
+            pending, self.pending = self.pending, []
+            if pending:
+                self._send(("events", pending))
             self._send(("answer", (number, value)))
 
     def _send(self, message: tuple) -> None:
