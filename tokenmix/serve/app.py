@@ -173,7 +173,7 @@ def create_app(engine: EngineProcess, tokenizer, model_id: str, *, api_key: str 
             def emit(event, base=base * completion.sampling.n):
                 mailbox.post(events, (base, event))
 
-            jobs.append(engine.job(prompt, completion.sampling, emit))
+            jobs.append(RemoteJob(prompt, completion.sampling, emit))
         await submit(jobs)
         answer = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": model_id}
         choices = Choices(completion)

@@ -98,9 +98,6 @@ class EngineProcess:
             answer.set_exception(Unavailable("the engine has stopped"))
         return answer
 
-    def job(self, prompt: list[int], sampling: Sampling, emit) -> RemoteJob:
-        return RemoteJob(prompt, sampling, emit)
-
     async def submit(self, job: RemoteJob) -> None:
         if not self.accepting:
             raise Unavailable("the engine has stopped" if self.stopped else "the server is shutting down and takes no new requests")
