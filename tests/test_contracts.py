@@ -283,7 +283,7 @@ def test_mixer_trains_with_input_and_module_dtypes_that_differ(name, causal):
 
 @pytest.fixture
 def blocked_layout(monkeypatch):
-    """Send every FFT input through the threaded blocked transposes (normally for large tensors only)."""
+    """Send every FFT input through the blocked transposes (normally for large tensors only)."""
     from tokenmix.ops import layout
 
     monkeypatch.setattr(layout, "MIN_BLOCKED_ELEMENTS", 0)

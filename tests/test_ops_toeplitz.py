@@ -1,3 +1,6 @@
+import os
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import LENGTHS, assert_causal_gradient, relative_error
@@ -112,6 +115,23 @@ def test_channels_first_equals_the_plain_transposed_copy(batch, n, d, length, th
         torch.set_num_threads(previous)
     with pytest.raises(ValueError, match="length must be"):
         channels_first(x, n - 1)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts the process's threads under /proc (Linux)")
+def test_channels_first_leaves_no_threads_behind():
+    """Torch ops run from other live threads give each an OpenMP team of its own; once a process holds
+    more OpenMP threads than CPUs, libgomp stops spinning and every later small operation slows 3-5x
+    (``ops/layout.py``). The blocked path runs in the caller's thread and leaves the count as it was."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = torch.randn(1, 4096, 384)
+        naive_channels_first(x, 8192)  # the calling thread's own OpenMP team exists before the count
+        before = len(os.listdir("/proc/self/task"))
+        channels_first(x, 8192)
+        assert len(os.listdir("/proc/self/task")) == before
+    finally:
+        torch.set_num_threads(previous)
 
 
 @pytest.mark.parametrize("n", LENGTHS)

@@ -76,8 +76,7 @@ def profile_step(function, device: torch.device, steps: int = 3) -> list[dict]:
 
     torch.profiler records ``steps`` calls after two unrecorded warm-up calls under the profiler
     (its own allocations would otherwise land in the first recorded steps). CPU self time on CPU,
-    device self time on CUDA. Work done in helper threads shows as the self time of the operator
-    that waits for it (``tokenmix::channels_first``).
+    device self time on CUDA; the blocked transposes into the FFTs' layout show as ``tokenmix::channels_first``.
     """
     from torch.profiler import ProfilerActivity, profile, schedule
 
