@@ -225,6 +225,32 @@ def test_a_new_prompt_joins_a_batch_that_lasts_and_starts_its_own_beside_one_abo
     assert len(engine.cohorts) == batches
 
 
+def test_a_batch_started_by_a_short_prompt_leaves_room_for_longer_recent_ones():
+    """After a 60-token prompt, a 5-token one that starts a batch is padded to 60, so a 60-token prompt
+    arriving 3 iterations later joins that batch. Unpadded, the batch would stand at position 8, more
+    than ``MAX_WAIT`` iterations behind the new prompt, and two batches would decode side by side."""
+    network = model("tnn").double().eval()
+    engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=64, prefix_min=0)
+    long_prompt = [k % 19 + 1 for k in range(60)]
+    submit(engine, long_prompt, Sampling(max_tokens=2))
+    requests = [([3, 1, 4, 1, 5], Sampling(max_tokens=40, temperature=0.7, seed=1)), (long_prompt[::-1], Sampling(max_tokens=12, seed=2))]
+    batches = []
+    with torch.no_grad():
+        while engine.unfinished:
+            engine.iteration()
+        jobs = [submit(engine, *requests[0])]
+        for _ in range(3):
+            engine.iteration()
+        jobs.append(submit(engine, *requests[1]))
+        while engine.unfinished:
+            engine.iteration()
+            batches.append(len(engine.cohorts))
+    assert len(long_prompt) - len(requests[0][0]) - 3 > MAX_WAIT + 1 and max(batches) == 1
+    for (prompt, sampling), (_, collected) in zip(requests, jobs, strict=True):
+        options = {"temperature": sampling.temperature, "seed": sampling.seed, "max_length": CONTEXT}
+        assert collected.tokens[0] == tokenmix.generate(network, [torch.tensor(prompt)], sampling.max_tokens, **options)[0].tolist()
+
+
 def test_completion_text_cuts_before_a_stop_and_holds_back_what_could_start_one():
     text = CompletionText([b"a", b"b", b"c", b"\xc3", b"\xa9"], ["bc"])
     assert text.add(0) == "a"
@@ -286,6 +312,37 @@ def test_a_prompt_that_starts_with_a_cached_one_resumes_from_its_state():
         alone = tokenmix.generate(network, [torch.tensor(extended)], 8, temperature=0.8, seed=1, max_length=CONTEXT)[0]
         assert tokens == alone.tolist()
     assert calls  # the model ran
+
+
+@pytest.mark.parametrize(("chunk", "resumed"), [(16, False), (4, True)])
+def test_a_cached_prompt_shorter_than_a_chunk_is_read_again_to_join_the_batch(chunk, resumed):
+    """A 10-token prompt, cached, comes again beside a new 12-token one. Under a chunk of 16 the new one is
+    read in one iteration and stands past the cached state's position: resuming would decode in a batch
+    of its own (two model calls per step, for its whole completion) to save less than one chunk of
+    reading, so it is read again with the new prompt, one batch. Under a chunk of 4 the new prompt
+    takes three iterations, the cached state lands on its batch, and it resumes."""
+    network = model("tnn").double().eval()
+    engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=chunk, prefix_min=8)
+    cached = list(range(1, 11))
+    submit(engine, cached, Sampling(max_tokens=2))
+    with torch.no_grad():
+        while engine.unfinished:
+            engine.iteration()
+    calls = model_calls(network)
+    requests = [
+        (list(range(3, 15)), Sampling(max_tokens=6, temperature=0.7, seed=1)),
+        (cached, Sampling(max_tokens=6, temperature=0.7, seed=2)),
+    ]
+    jobs = [submit(engine, *request) for request in requests]
+    with torch.no_grad():
+        while engine.unfinished:
+            engine.iteration()
+    assert engine.metrics.prefix_hits._value.get() == int(resumed)
+    assert max(batch for batch, tokens in calls if tokens == 1) == 2  # one batch: both rows stepped in one call
+    assert {batch for batch, tokens in calls if tokens > 1} == {1 if resumed else 2}  # the new prompt's chunks, or both prompts'
+    for (prompt, sampling), (_, collected) in zip(requests, jobs, strict=True):
+        options = {"temperature": sampling.temperature, "seed": sampling.seed, "max_length": CONTEXT}
+        assert collected.tokens[0] == tokenmix.generate(network, [torch.tensor(prompt)], sampling.max_tokens, **options)[0].tolist()
 
 
 def test_a_model_failure_fails_the_running_requests_and_the_engine_goes_on():

@@ -263,6 +263,7 @@ class Engine:
         self.reserved = self.rows = 0
         self.accepting, self.stopped = True, False
         self.iterations = 0
+        self.recent_prompts: deque[int] = deque(maxlen=max_batch)  # the lengths of the last prompts admitted
         self.unfinished: set[Job] = set()  # admitted and not yet answered in full: what a failure must reach
         self.metrics = ServeMetrics()
 
@@ -380,6 +381,7 @@ class Engine:
         with self.lock:
             jobs = sorted(self.waiting, key=lambda job: -len(job.prompt))  # the longest first: the others pad to it
             self.waiting.clear()
+        self.recent_prompts.extend(len(job.prompt) for job in jobs)
         for job in jobs:
             self.metrics.prompt_tokens.inc(len(job.prompt))
             self._plan(job)
@@ -399,23 +401,21 @@ class Engine:
             if cached_key is not None:
                 cached = self.cache[cached_key]
                 self.cache.move_to_end(cached_key)
-        start = 0
+        fresh = self._landing(0, len(prompt), sampling)
         if cached_key is not None:
-            self.metrics.prefix_hits.inc()
             start = cached.pads + len(cached_key)
-        remaining = prompt[len(cached_key or ()) :]
-        limits = (self.chunk, self.period, job.sampling.max_tokens, self.context, self.iterations)
-        plans = [(cohort, join_plan(cohort.position, start, len(remaining), *limits, self._landings(cohort))) for cohort in self.cohorts]
-        shared = min(sampling.max_tokens, MAX_WAIT)  # steps a join must share with the batch's rows to be worth its padding
-
-        def lasting(cohort: Cohort, plan: JoinPlan) -> bool:
-            return cohort.joining > 0 or cohort.life() - plan.iterations >= shared
-
-        plans = [(cohort, plan) for cohort, plan in plans if plan is not None and lasting(cohort, plan)]
-        if plans:
-            cohort, plan = max(plans, key=lambda pair: (len(pair[0].alive()) + pair[0].joining, -pair[1].iterations))
+            landing = self._landing(start, len(prompt) - len(cached_key), sampling)
+            if landing is None and fresh is not None and len(cached_key) < self.chunk:
+                cached_key = None  # it would decode in a batch of its own to save less than one chunk of reading
+        if cached_key is None:
+            start, landing = 0, fresh
         else:
-            plan = alone_plan(start, len(remaining), self.chunk)
+            self.metrics.prefix_hits.inc()
+        remaining = prompt[len(cached_key or ()) :]
+        if landing is not None:
+            cohort, plan = landing
+        else:
+            plan = alone_plan(start, len(remaining), self.chunk, 0 if cached_key else self._starting_pads(len(prompt), sampling))
             cohort = Cohort(plan.position - plan.iterations)
             self.cohorts.append(cohort)
         cohort.joining += 1
@@ -432,6 +432,31 @@ class Engine:
             prefill.jobs, prefill.prompts, prefill.pads, prefill.tokens = [job], [prompt], [cached.pads], [list(remaining)]
             prefill.resumed, prefill.state, prefill.logits = True, cached.state.select([0]), cached.logits
         self.prefills.append(prefill)
+
+    def _starting_pads(self, tokens: int, sampling: Sampling) -> int:
+        """Padding for a new prompt of ``tokens`` tokens that starts a batch: up to the longest of the recent
+        prompts, so that prompts like them, arriving over the next iterations, can join it (a batch takes
+        those that fit before its position, padded, or within ``MAX_WAIT`` iterations past it). Whole
+        periods, within what its reservation allows and the context."""
+        if self.period is None:
+            return 0
+        room = min(max(PAD_FLOOR, tokens + sampling.max_tokens), self.context - sampling.max_tokens - tokens)
+        pads = min(max(self.recent_prompts, default=0) - tokens, room)
+        return max(0, pads - pads % self.period)
+
+    def _landing(self, start: int, tokens: int, sampling: Sampling) -> tuple[Cohort, JoinPlan] | None:
+        """The running batch a stream at ``start`` with ``tokens`` prompt tokens to read joins, and how; None
+        when it joins none (``join_plan``), or none long enough to share ``min(max_tokens, MAX_WAIT)``
+        steps with it (worth its padding). Of those it can join, the fullest, then the soonest."""
+        limits = (self.chunk, self.period, sampling.max_tokens, self.context, self.iterations)
+        plans = [(cohort, join_plan(cohort.position, start, tokens, *limits, self._landings(cohort))) for cohort in self.cohorts]
+        shared = min(sampling.max_tokens, MAX_WAIT)
+
+        def lasting(cohort: Cohort, plan: JoinPlan) -> bool:
+            return cohort.joining > 0 or cohort.life() - plan.iterations >= shared
+
+        plans = [(cohort, plan) for cohort, plan in plans if plan is not None and lasting(cohort, plan)]
+        return max(plans, key=lambda pair: (len(pair[0].alive()) + pair[0].joining, -pair[1].iterations), default=None)
 
     def _unstarted(self, cohort: Cohort) -> list[Prefill]:
         """The prefills of new prompts landing on ``cohort`` that have read nothing yet (others may join them)."""

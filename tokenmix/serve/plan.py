@@ -66,9 +66,10 @@ def join_plan(
     return JoinPlan(iterations, batch_position + iterations, iterations - lag)
 
 
-def alone_plan(start: int, tokens: int, chunk: int) -> JoinPlan:
-    """A stream that starts a batch of its own: unpadded, as fast as its chunks allow."""
-    return JoinPlan(chunks_needed(tokens, chunk), start + tokens, 0)
+def alone_plan(start: int, tokens: int, chunk: int, pads: int = 0) -> JoinPlan:
+    """A stream that starts a batch of its own, after ``pads`` masked positions, as fast as its chunks allow
+    (the padding is not read: the state starts after it)."""
+    return JoinPlan(chunks_needed(tokens, chunk), start + pads + tokens, pads)
 
 
 def chunk_sizes(tokens: int, chunk: int, iterations: int) -> list[int]:
