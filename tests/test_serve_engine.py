@@ -319,7 +319,8 @@ def test_a_cached_prompt_shorter_than_a_chunk_is_read_again_to_join_the_batch(ch
     """A 10-token prompt, cached, comes again beside a new 12-token one. Under a chunk of 16 the new one is
     read in one iteration and stands past the cached state's position: resuming would decode in a batch
     of its own (two model calls per step, for its whole completion) to save less than one chunk of
-    reading, so it is read again with the new prompt, one batch. Under a chunk of 4 the new prompt
+    reading, so it is read again with the new prompt, one batch (as is any cached prompt shorter
+    than a chunk whose state lands on no running batch). Under a chunk of 4 the new prompt
     takes three iterations, the cached state lands on its batch, and it resumes."""
     network = model("tnn").double().eval()
     engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=chunk, prefix_min=8)

@@ -401,14 +401,13 @@ class Engine:
             if cached_key is not None:
                 cached = self.cache[cached_key]
                 self.cache.move_to_end(cached_key)
-        fresh = self._landing(0, len(prompt), sampling)
         if cached_key is not None:
             start = cached.pads + len(cached_key)
             landing = self._landing(start, len(prompt) - len(cached_key), sampling)
-            if landing is None and fresh is not None and len(cached_key) < self.chunk:
-                cached_key = None  # it would decode in a batch of its own to save less than one chunk of reading
+            if landing is None and len(cached_key) < self.chunk:
+                cached_key = None  # it would start a batch at its own position to save less than one chunk of reading
         if cached_key is None:
-            start, landing = 0, fresh
+            start, landing = 0, self._landing(0, len(prompt), sampling)
         else:
             self.metrics.prefix_hits.inc()
         remaining = prompt[len(cached_key or ()) :]
