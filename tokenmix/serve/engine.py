@@ -4,7 +4,8 @@ One thread owns the model. Each iteration it
 
 1. drops the sequences whose client went away, and admits waiting requests: each is planned onto
    a batch (a *cohort*: rows sharing one streaming state at one position) where its prompt, padded
-   in front, lands right-aligned (``plan.py``), or starts a cohort of its own; a prompt that begins
+   in front, lands right-aligned (``plan.py``), or starts a cohort of its own (padded to the longest
+   recent prompt, so that prompts like it arriving later can join); a prompt that begins
    with a cached one resumes from that prompt's state (the prefix cache: exact, states are exact);
 2. moves the prefills that are done into their cohort (``StreamState.concat``);
 3. steps every cohort by one token for all its rows in one batched call, each row sampling with its
