@@ -10,6 +10,7 @@ import torch
 
 from tokenmix.bench import MEASUREMENT_FIELDS, Case, measure
 from tokenmix.bench import cli as bench_cli
+from tokenmix.bench import serve as serve_bench
 from tokenmix.bench.cli import apply_presets, bench_cases
 from tokenmix.bench.records import GenerateMeasurement, MixerGenerateMeasurement, failed_measurement
 from tokenmix.bench.report import markdown_report, reading
@@ -418,7 +419,7 @@ def test_serve_run_drives_the_real_server_and_writes_records_tables_and_a_plot(t
     pytest.importorskip("fastapi", reason='bench --kinds serve needs the serve extra: pip install "tokenmix[serve]"')
     output, plots = tmp_path / "serve.json", tmp_path / "plots"
     flags = ["--kinds", "serve", "--models", "tnn,transformer", "--concurrency", "1,3", "--serve-requests", "1", "--serve-tokens", "4"]
-    flags += ["--model-dim", "16", "--depth", "1", "--threads", "1", "--output", str(output), "--plot", str(plots)]
+    flags += ["--model-dim", "16", "--depth", "1", "--threads", "1", "--repeats", "2", "--output", str(output), "--plot", str(plots)]
     assert main(["bench", *flags]) == 0
     records = json.loads(output.read_text())
     assert [(r["kind"], r["model"], r.get("concurrency")) for r in records] == [
@@ -428,11 +429,14 @@ def test_serve_run_drives_the_real_server_and_writes_records_tables_and_a_plot(t
     ]
     for record in records:
         if record["kind"] == "serve":
-            assert record["tokens"] == 4 * record["concurrency"] and record["tokens_per_second"] > 0
+            assert record["tokens"] == 4 * record["concurrency"] and record["tokens_per_second"] > 0 and record["repeats"] == 2
+            for rate in ("tokens_per_second", "batched_tokens_per_second", "sequential_tokens_per_second"):
+                assert len(record[f"{rate}_runs"]) == 2 and record[rate] == sum(record[f"{rate}_runs"]) / 2
             phases = [record[f"engine_{phase}_seconds"] for phase in ("join", "decode", "prefill", "schedule")]
             assert record["engine_decode_seconds"] > 0 and min(phases) >= 0 and sum(phases) <= record["seconds"]
             assert record["clients_cpu_seconds"] > 0
-            assert record["server_cpu_seconds"] > 0 if sys.platform.startswith("linux") else record["server_cpu_seconds"] is None
+            linux = sys.platform.startswith("linux")  # read from /proc in clock ticks: a tiny round may take none
+            assert record["server_cpu_seconds"] >= 0 if linux else record["server_cpu_seconds"] is None
         if record["kind"] == "serve_flood":
             assert record["lost"] == 0 and record["completed"] + record["refused_429"] == 500
             assert record["peak_state_bytes"] <= record["budget_bytes"]
@@ -440,6 +444,22 @@ def test_serve_run_drives_the_real_server_and_writes_records_tables_and_a_plot(t
     assert "vs_batched" in printed and "second_ttft_ms" in printed and "refused_429" in printed and "prefill_s" in printed
     assert (plots / "serve.png").stat().st_size > 0
     assert bench_cli.bench_tables(records) in printed
+
+
+def test_serve_rounds_are_summed_up_by_their_median_rates_and_every_request():
+    """``_summary``: each rate the median over the rounds, the served run's phases from the round with the
+    median served rate, latency percentiles over the requests of all rounds."""
+
+    def found(rate: float, batched: float, first: float) -> dict:
+        result = {"status": 200, "sent": 0.0, "first": first, "end": first + 1.0, "tokens": 11}
+        rates = {"tokens_per_second": rate, "batched_tokens_per_second": batched, "sequential_tokens_per_second": 1.0}
+        return {"results": [result], "tokens": 11, "seconds": 11 / rate, "engine_decode_seconds": rate / 100, **rates}
+
+    record = serve_bench._summary([found(300.0, 10.0, 0.3), found(100.0, 30.0, 0.1), found(200.0, 20.0, 0.2)])
+    assert record["tokens_per_second"] == 200.0 and record["batched_tokens_per_second"] == 20.0
+    assert record["tokens_per_second_runs"] == [300.0, 100.0, 200.0] and record["engine_decode_seconds"] == 2.0
+    assert record["requests"] == 1 and record["ttft_p50_ms"] == pytest.approx(200.0) and record["ttft_p99_ms"] == pytest.approx(300.0)
+    assert "results" not in record
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2, reason="pinning needs Linux and 2 CPUs")

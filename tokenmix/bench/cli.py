@@ -176,7 +176,11 @@ def add_bench(subparsers) -> None:
     parser.add_argument("--dtype", type=Choice(sorted(DTYPES)), default="float32", help="dtype of modules and inputs (default: float32)")
     parser.add_argument("--device", type=DEVICE, default="cpu", help="auto (CUDA when available), cpu or cuda[:N] (default: cpu)")
     parser.add_argument(
-        "--repeats", type=Integer(1), default=None, help="timed repeats after 2 warm-up calls; the median is kept (default: 7; --quick: 3)"
+        "--repeats",
+        type=Integer(1),
+        default=None,
+        help="timed repeats after 2 warm-up calls; the median is kept (default: 7; --quick, --kinds scale: 3; --kinds serve: "
+        "rounds of clients and baselines after one warm-up round, default 3)",
     )
     parser.add_argument("--threads", type=Integer(1), default=torch.get_num_threads(), help="torch CPU threads (default: all cores)")
     parser.add_argument(

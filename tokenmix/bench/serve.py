@@ -2,12 +2,14 @@
 
 For each model (untrained weights at the demo's shape: the speed does not depend on them) the
 bench writes it as a ``save_pretrained`` folder with the byte tokenizer, starts ``tokenmix serve``
-on it in a child process and, for each concurrency c, lets c clients each send ``--serve-requests``
-streaming requests one after another (prompts of 16-128 random tokens, ``--serve-tokens`` new
-tokens, sampled with their own seeds). Beside it, with the server idle, the same prompts go
-through ``tokenmix.generate`` in this process with ``--threads`` threads: c at once (the model's
-own batched decoding, no HTTP) and, right after, ``SEQUENTIAL_MAX`` prompts one at a time. The
-clients run in a child process. The server, as by default, decodes with one thread fewer and
+on it in a child process and, for each concurrency c, runs rounds (``_round``): c clients each send
+``--serve-requests`` streaming requests one after another (prompts of 16-128 random tokens, new ones
+each round, ``--serve-tokens`` new tokens, sampled with their own seeds); then, with the server
+idle, the same prompts go through ``tokenmix.generate`` in this process with ``--threads`` threads:
+c at once (the model's own batched decoding, no HTTP) and ``SEQUENTIAL_MAX`` prompts one at a time.
+A first round warms up; of the ``--repeats`` rounds after it each rate is the median (the machine's
+load moves single runs by a quarter; each round's rates are kept beside it). The clients run in a
+child process. The server, as by default, decodes with one thread fewer and
 leaves that core to its HTTP event loop (and the clients): the same cores in all. With
 ``--server-cpus`` (Linux), the server and this process run on those CPUs and the clients on the
 others, and the server decodes with ``--threads`` threads, as the in-process decoding does.
@@ -23,7 +25,9 @@ request ended, and the most the states held against the budget).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import multiprocessing
+import statistics
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -39,7 +43,7 @@ from ..serve import ENGINE_PHASES
 from ..table import format_table
 
 SERVE_KINDS = ("serve", "serve_prefix", "serve_flood")
-SERVE = {"models": ["tnn", "tcnca", "mega", "transformer"], "concurrency": [1, 4, 16, 64], "model_dim": 128, "depth": 4}
+SERVE = {"models": ["tnn", "tcnca", "mega", "transformer"], "concurrency": [1, 4, 16, 64], "model_dim": 128, "depth": 4, "repeats": 3}
 VOCAB = 256  # byte-level, as the demo
 PROMPT_LENGTHS = (16, 128)
 PREFIX_PROMPT = 4096
@@ -47,6 +51,7 @@ FLOOD_REQUESTS = 500
 FLOOD_MEMORY_ROWS = 8  # the flood's --max-state-memory: this many rows at FLOOD_ROW_TOKENS
 FLOOD_ROW_TOKENS = 512
 SEQUENTIAL_MAX = 16  # requests run one at a time for the baseline (its rate does not depend on how many)
+PROMPT_SEEDS = 10  # the rounds' prompts: seeds 10, 11, ... (the prefix test's is 1, the flood's 2)
 PERCENTILES = (50, 95, 99)
 
 
@@ -182,30 +187,18 @@ def _records(args, revision: str | None, keep, clients: ClientsProcess) -> list[
     # as ``tokenmix serve`` by default: one core left to its HTTP event loop and, unpinned, to the clients
     server_threads = args.threads if args.server_cpus else max(1, args.threads - 1)
     common = {"threads": args.threads, "server_threads": server_threads, "dim": args.model_dim, "depth": args.depth, "git_commit": revision}
-    largest = max(args.concurrency)
-    prompts = prompts_for(largest * args.serve_requests)
-    flags = ["--threads", str(server_threads), "--max-batch", str(largest), "--max-prompt-tokens", str(PREFIX_PROMPT)]
+    common |= {"repeats": args.repeats}
+    flags = ["--threads", str(server_threads), "--max-batch", str(max(args.concurrency)), "--max-prompt-tokens", str(PREFIX_PROMPT)]
     flags += ["--max-tokens", str(args.serve_tokens)]
     for name in args.models:
         with tempfile.TemporaryDirectory() as folder:
             model = _saved_model(name, args, Path(folder))
             with ServerProcess(folder, *flags) as server:
+                seeds = itertools.count(PROMPT_SEEDS)
                 for concurrency in args.concurrency:
-                    chosen = prompts[: concurrency * args.serve_requests]
-                    before = _server_seconds(server.url)
-                    run = clients.run(run_clients, server.url, chosen, concurrency, args.serve_tokens)
-                    after = _server_seconds(server.url)
-                    results, seconds = run["results"], run["seconds"]
-                    tokens = sum(result["tokens"] for result in results)
-                    batched = _generate_rate(model, chosen, args.serve_tokens, concurrency)
-                    sequential = _generate_rate(model, prompts[:SEQUENTIAL_MAX], args.serve_tokens, 1)  # beside it: the same load
-                    record = {"kind": "serve", "model": name, "concurrency": concurrency, "requests": len(results), "tokens": tokens}
-                    record |= {"tokens_per_second": tokens / seconds, "batched_tokens_per_second": batched, "seconds": seconds}
-                    record |= {f"engine_{phase}_seconds": after[phase] - before[phase] for phase in ENGINE_PHASES}
-                    record |= {"server_cpu_seconds": _difference(after["cpu"], before["cpu"]), "clients_cpu_seconds": run["cpu_seconds"]}
-                    record |= {"server_cpus": sorted(usable_cpus(server.process.pid)), "client_cpus": run["cpus"]}
-                    record |= {"sequential_tokens_per_second": sequential, **_latencies(results), **common}
-                    records.append(record)
+                    rounds = [_round(server.url, model, clients, concurrency, args, next(seeds)) for _ in range(1 + args.repeats)]
+                    record = {"kind": "serve", "model": name, "concurrency": concurrency, **_summary(rounds[1:]), **common}
+                    records.append(record | {"server_cpus": sorted(usable_cpus(server.process.pid))})
                     keep(records)
                 records.append({"kind": "serve_prefix", "model": name, **clients.run(_prefix, server.url), **common})
                 keep(records)
@@ -214,6 +207,43 @@ def _records(args, revision: str | None, keep, clients: ClientsProcess) -> list[
             records.append({"kind": "serve_flood", "model": name, **flood, **common})
             keep(records)
     return records
+
+
+def _round(url: str, model, clients: ClientsProcess, concurrency: int, args, seed: int) -> dict:
+    """One measurement: ``concurrency`` clients served over HTTP, then, with the server idle, the same
+    prompts through ``tokenmix.generate`` batched and ``SEQUENTIAL_MAX`` of them one at a time. Every
+    round has prompts of its own (``seed``): none is in the server's prefix cache, as none of the
+    batched baseline's is."""
+    prompts = prompts_for(max(concurrency * args.serve_requests, SEQUENTIAL_MAX), seed)
+    served = prompts[: concurrency * args.serve_requests]
+    before = _server_seconds(url)
+    run = clients.run(run_clients, url, served, concurrency, args.serve_tokens)
+    after = _server_seconds(url)
+    tokens = sum(result["tokens"] for result in run["results"])
+    found = {"results": run["results"], "tokens": tokens, "seconds": run["seconds"], "tokens_per_second": tokens / run["seconds"]}
+    found |= {f"engine_{phase}_seconds": after[phase] - before[phase] for phase in ENGINE_PHASES}
+    found |= {
+        "server_cpu_seconds": _difference(after["cpu"], before["cpu"]),
+        "clients_cpu_seconds": run["cpu_seconds"],
+        "client_cpus": run["cpus"],
+    }
+    found["batched_tokens_per_second"] = _generate_rate(model, served, args.serve_tokens, concurrency)
+    found["sequential_tokens_per_second"] = _generate_rate(model, prompts[:SEQUENTIAL_MAX], args.serve_tokens, 1)
+    return found
+
+
+def _summary(rounds: list[dict]) -> dict:
+    """The rounds as one record: each rate the median over the rounds (each round's beside it, ``*_runs``);
+    the served run's time, phases and CPU seconds those of the round with the median served rate (of
+    an even count, the lower middle one); the latency percentiles over every request of every round."""
+    rates = ("tokens_per_second", "batched_tokens_per_second", "sequential_tokens_per_second")
+    middle = sorted(rounds, key=lambda found: found["tokens_per_second"])[(len(rounds) - 1) // 2]
+    record = {key: value for key, value in middle.items() if key not in ("results", *rates)}
+    record["requests"] = len(middle["results"])
+    for rate in rates:
+        record[rate] = statistics.median(found[rate] for found in rounds)
+        record[f"{rate}_runs"] = [found[rate] for found in rounds]
+    return record | _latencies([result for found in rounds for result in found["results"]])
 
 
 def _prefix(url: str) -> dict:
