@@ -19,7 +19,7 @@ import tokenmix  # noqa: E402
 from tokenmix.serve import ENGINE_PHASES  # noqa: E402
 from tokenmix.serve import engine as engine_module  # noqa: E402
 from tokenmix.serve.engine import Busy, Engine, Failed, Finished, Job, Sampling, Token  # noqa: E402
-from tokenmix.serve.plan import JOIN_EVERY, MAX_WAIT, PAD_FLOOR, chunk_sizes, join_plan  # noqa: E402
+from tokenmix.serve.plan import JOIN_EVERY, MAX_TAIL, MAX_WAIT, PAD_FLOOR, JoinPlan, chunk_sizes, join_plan  # noqa: E402
 from tokenmix.serve.text import CompletionText  # noqa: E402
 
 TOKEN_BYTES = [bytes([byte]) for byte in range(20)]  # the test models' 20 ids as bytes
@@ -108,6 +108,35 @@ def test_every_served_sequence_equals_generate_alone_while_others_run(name):
     assert timed == set(ENGINE_PHASES)  # every lap under a phase the bench reads
 
 
+@pytest.mark.parametrize("name", LM_MODELS)
+def test_prompts_far_longer_than_a_young_batch_read_their_tails_in_it_and_equal_generate_alone(name):
+    """A 3-token prompt starts a batch; prompts of 50-80 tokens come next, too long to be read in time to
+    land on it: each reads its first tokens, joins, and reads the rest in the batch one token per step.
+    One batch throughout, and each request's tokens those of ``tokenmix.generate`` alone. Fails if a
+    reading row samples (its generator would run ahead), or takes a token out of turn."""
+    network = model(name).double().eval()
+    engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=64, prefix_min=0)
+    generator = torch.Generator().manual_seed(5)
+    jobs = [submit(engine, [1, 2, 3], Sampling(max_tokens=40, temperature=0.0))]
+    with torch.no_grad():
+        engine.iteration()  # the short prompt starts the batch
+        for k in range(3):
+            prompt = torch.randint(0, 20, (50 + 15 * k,), generator=generator).tolist()
+            jobs.append(submit(engine, prompt, Sampling(max_tokens=20, temperature=0.8, top_k=(None, 9)[k % 2], seed=k, n=1 + k % 2)))
+        reading, batches = 0, 0
+        while engine.unfinished:
+            engine.iteration()
+            reading = max(reading, sum(bool(row.unread) for cohort in engine.cohorts for row in cohort.rows if row is not None))
+            batches = max(batches, len(engine.cohorts))
+    assert reading >= 3 and batches == 1
+    for job, collected in jobs:
+        s = job.sampling
+        options = {"temperature": s.temperature, "top_k": s.top_k, "seed": s.seed, "max_length": CONTEXT}
+        alone = tokenmix.generate(network, [torch.tensor(job.prompt)] * s.n, s.max_tokens, **options)
+        assert [collected.tokens[choice] for choice in range(s.n)] == [tokens.tolist() for tokens in alone]
+    assert engine.rows == 0 and engine.reserved == 0
+
+
 @given(
     batch=st.integers(0, 300),
     tokens=st.integers(1, 300),
@@ -119,14 +148,17 @@ def test_a_join_plan_lands_on_the_batch_with_whole_periods_of_padding(batch, tok
     plan = join_plan(batch, 0, tokens, chunk, period, 10, 10**6, now)
     if plan is None:
         return
-    fewest = -(-tokens // chunk)
+    read = tokens - plan.tail  # the tail is read in the batch, one token per step
+    fewest = -(-read // chunk)
     later_usable = plan.iterations + JOIN_EVERY <= fewest + MAX_WAIT and plan.pads + JOIN_EVERY <= max(PAD_FLOOR, tokens + 10)
-    if period == 1 and later_usable:  # a joining iteration lies within its wait and padding budget
+    if period == 1 and later_usable and not plan.tail:  # a joining iteration lies within its wait and padding budget
         assert (now + plan.iterations) % JOIN_EVERY == 0
-    assert plan.position == batch + plan.iterations == plan.pads + tokens
-    assert plan.pads >= 0 and plan.pads % (period or 10**9) == 0
-    sizes = chunk_sizes(tokens, chunk, plan.iterations)
-    assert len(sizes) == plan.iterations and sum(sizes) == tokens and max(sizes) <= chunk
+    assert plan.position == batch + plan.iterations == plan.pads + read
+    assert plan.pads >= 0 and plan.pads % (period or 10**9) == 0 and 0 <= plan.tail <= MAX_TAIL and read >= 1
+    if plan.tail:  # only where the whole prompt could not land within the wait: the batch is too far behind it
+        assert tokens - batch > -(-tokens // chunk) + MAX_WAIT
+    sizes = chunk_sizes(read, chunk, plan.iterations)
+    assert len(sizes) == plan.iterations and sum(sizes) == read and max(sizes) <= chunk
     padded = chunk_sizes(plan.position, chunk, plan.iterations)  # the rows as read: padding first
     assert len(padded) == plan.iterations and sum(padded) == plan.position and padded[-1] > 0
     assert plan.iterations - fewest <= MAX_WAIT
@@ -141,14 +173,24 @@ def test_a_join_plan_waits_for_a_batch_behind_and_refuses_one_ahead():
     assert join_plan(10, 0, 4, 8, 1, 95, 100) is None  # past the context
 
 
+def test_a_join_plan_reads_a_prompt_past_a_batch_far_behind_it_in_the_batch():
+    """A 128-token prompt beside a batch landing at 16, with chunks of 128 tokens that padding cannot align
+    (a chunked attention's): it reads 16 tokens with that batch's prefill and the other 112 in the batch."""
+    assert join_plan(15, 0, 128, 512, 128, 128, 4224, landings=frozenset({16})) == JoinPlan(1, 16, 0, 112)
+    assert join_plan(15, 0, 128, 512, None, 128, 4224, now=1) == JoinPlan(7, 22, 0, 106)  # no landing: a joining iteration
+    assert join_plan(15, 0, 40, 512, None, 128, 4224).tail == 0  # near enough: it reads slowly to meet the batch
+    assert join_plan(15, 0, 16 + MAX_TAIL + 1, 10**4, None, 128, 4224, landings=frozenset({16})).position > 16  # a tail at most MAX_TAIL
+    assert join_plan(40, 0, 30, 8, 128, 5, 1000) is None  # a batch ahead: a tail cannot undo that
+
+
 def test_a_join_plan_lands_with_an_unstarted_prefill_before_a_joining_iteration():
     assert join_plan(10, 0, 4, 8, 1, 5, 100, now=0, landings=frozenset({12})).position == 12  # read with it, not at 18
     assert join_plan(10, 0, 4, 8, 1, 5, 100, now=0, landings=frozenset({100})).iterations == JOIN_EVERY  # out of reach
 
 
 def test_prompts_arriving_at_once_are_read_as_one_batch():
-    """A fresh engine gets prompts of different lengths in one iteration: the longest starts the batch and the
-    others, padded to it, land with it (one prefill call for all), as ``tokenmix.generate`` reads a batch."""
+    """A fresh engine gets prompts of different lengths in one iteration: the shortest starts the batch, padded
+    to the longest, and the others, padded alike, land with it (one prefill call for all)."""
     network = model("tnn").double().eval()
     engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=64, prefix_min=0)
     calls = model_calls(network)

@@ -4,12 +4,13 @@ One thread owns the model. Each iteration it
 
 1. drops the sequences whose client went away, and admits waiting requests: each is planned onto
    a batch (a *cohort*: rows sharing one streaming state at one position) where its prompt, padded
-   in front, lands right-aligned (``plan.py``), or starts a cohort of its own (padded to the longest
+   in front, lands right-aligned (``plan.py``), or, where no padding can, lands with its last tokens
+   still to read in the cohort (a tail), or starts a cohort of its own (padded to the longest
    recent prompt, so that prompts like it arriving later can join); a prompt that begins
    with a cached one resumes from that prompt's state (the prefix cache: exact, states are exact);
 2. moves the prefills that are done into their cohort (``StreamState.concat``);
-3. steps every cohort by one token for all its rows in one batched call, each row sampling with its
-   own settings and its own generator, row_generator(seed, choice), so that a request's tokens are
+3. steps every cohort by one token for all its rows in one batched call, each row reading its tail's
+   next token or sampling with its own settings and its own generator, row_generator(seed, choice), so that a request's tokens are
    those ``tokenmix.generate`` gives it alone with that seed; finished rows leave
    (``StreamState.select``);
 4. feeds every prefill one chunk, so a long prompt never stalls the running rows for long.
@@ -109,12 +110,14 @@ class Job:
 
 
 class Row:
-    """One choice of a job decoding in a cohort; ``nbytes``: its share of the job's reservation."""
+    """One choice of a job decoding in a cohort; ``nbytes``: its share of the job's reservation; ``unread``:
+    the prompt's tokens it still reads in the cohort, one per step, before it samples (a plan's tail)."""
 
-    def __init__(self, job: Job, choice: int, token_bytes: list[bytes]):
+    def __init__(self, job: Job, choice: int, token_bytes: list[bytes], unread: tuple = ()):
         self.job, self.choice, self.nbytes = job, choice, job.reserved // job.sampling.n
         self.generator = row_generator(job.sampling.seed, choice)
         self.tokens: list[int] = []
+        self.unread = list(unread)
         self.text = CompletionText(token_bytes, list(job.sampling.stop))
 
 
@@ -141,7 +144,7 @@ class Cohort:
 
     def life(self) -> int:
         """Iterations until its last row ends (at most: a stop may end a row sooner)."""
-        return max((row.job.sampling.max_tokens - len(row.tokens) for row in self.rows if row is not None), default=0)
+        return max((row.job.sampling.max_tokens - len(row.tokens) + len(row.unread) for row in self.rows if row is not None), default=0)
 
 
 @dataclass
@@ -150,27 +153,31 @@ class Prefill:
 
     New prompts that land on the same cohort at the same position join a prefill that has not read
     anything yet, whenever they were planned: one batch, right-aligned by their padding, each row
-    ``plan.position`` tokens long (``plan.pads`` is the first row's). A prompt resumed from the
-    prefix cache reads alone, from the cached state.
+    ``plan.position`` tokens long (``plan.pads`` is the first row's); a prompt's tail, past that
+    position, is read in the cohort. A prompt resumed from the prefix cache reads alone, from the
+    cached state.
     """
 
     jobs: list
-    prompts: list  # each job's prompt ids (the prefix cache's keys)
+    prompts: list  # each job's prompt ids read here (the prefix cache's keys)
     pads: list  # each row's padding: in ``tokens`` (new prompts), or already in the cached state
     cohort: Cohort
     plan: JoinPlan
     tokens: list  # each row's ids still to read, its padding first
+    tails: list  # each job's prompt ids left to read in the cohort
     resumed: bool = False
     state: object = None  # made at the first chunk, for every row (a resumed prompt: the cached state)
     logits: torch.Tensor | None = None  # (rows, vocab) after the last chunk (or the cached prompt's)
     fed: int = 0
     done_iterations: int = 0
 
-    def add(self, job: Job, prompt: tuple, pads: int) -> None:
+    def add(self, job: Job, prompt: tuple, pads: int, tail: int) -> None:
+        read = len(prompt) - tail
         self.jobs.append(job)
-        self.prompts.append(prompt)
+        self.prompts.append(prompt[:read])
         self.pads.append(pads)
-        self.tokens.append([0] * pads + list(prompt))
+        self.tokens.append([0] * pads + list(prompt[:read]))
+        self.tails.append(prompt[read:])
 
     def unread(self) -> int:
         """Where reading resumes: before the first chunk, past the padding every row has, which the state
@@ -380,7 +387,7 @@ class Engine:
 
     def _admit(self) -> None:
         with self.lock:
-            jobs = sorted(self.waiting, key=lambda job: -len(job.prompt))  # the longest first: the others pad to it
+            jobs = sorted(self.waiting, key=lambda job: len(job.prompt))  # the shortest first: the others pad to it or read past it
             self.waiting.clear()
         self.recent_prompts.extend(len(job.prompt) for job in jobs)
         for job in jobs:
@@ -423,13 +430,14 @@ class Engine:
             alike = (prefill for prefill in self._unstarted(cohort) if prefill.plan.position == plan.position)
             prefill = next(alike, None)
             if prefill is not None:
-                prefill.add(job, prompt, plan.pads)
+                prefill.add(job, prompt, plan.pads, plan.tail)
                 return
-        prefill = Prefill([], [], [], cohort, plan, [])
+        prefill = Prefill([], [], [], cohort, plan, [], [])
         if cached_key is None:
-            prefill.add(job, prompt, plan.pads)
+            prefill.add(job, prompt, plan.pads, plan.tail)
         else:
             prefill.jobs, prefill.prompts, prefill.pads, prefill.tokens = [job], [prompt], [cached.pads], [list(remaining)]
+            prefill.tails = [()]
             prefill.resumed, prefill.state, prefill.logits = True, cached.state.select([0]), cached.logits
         self.prefills.append(prefill)
 
@@ -515,10 +523,10 @@ class Engine:
                 raise RuntimeError(f"a prefill planned for position {prefill.plan.position} found its batch at {cohort.position}")
             self._settle_cancelled(prefill.jobs)
             index = []
-            for member, job in enumerate(prefill.jobs):
+            for member, (job, tail) in enumerate(zip(prefill.jobs, prefill.tails, strict=True)):
                 if job.unfinished:
                     index += [member] * job.sampling.n
-                    rows += [Row(job, choice, self.token_bytes) for choice in range(job.sampling.n)]
+                    rows += [Row(job, choice, self.token_bytes, tail) for choice in range(job.sampling.n)]
             if index == list(range(len(prefill.jobs))):  # each row once: the prefill's own state (nothing else holds it)
                 parts.append((prefill.state, prefill.logits))
             elif index:
@@ -566,18 +574,27 @@ class Engine:
             self.reserved -= nbytes
 
     def _decode(self, cohort: Cohort) -> int:
-        """One token for every row of ``cohort``; returns how many were made."""
+        """One step of every row of ``cohort``: a row still reading its prompt takes its next token, the
+        others a token each (returns how many were made)."""
         cohort.position += 1
         alive = cohort.alive()
         if not alive:
             return 0
-        rows = [cohort.rows[index] for index in alive]
-        logits = cohort.logits[alive] if len(alive) < len(cohort.rows) else cohort.logits
+        inputs = [0] * len(cohort.rows)
+        sampled = []  # the slots of the rows that sample now
+        for slot in alive:
+            row = cohort.rows[slot]
+            if row.unread:
+                inputs[slot] = row.unread.pop(0)
+            else:
+                sampled.append(slot)
+        rows = [cohort.rows[slot] for slot in sampled]
+        logits = cohort.logits[sampled] if len(sampled) < len(cohort.rows) else cohort.logits
         picks = self._choose(logits, rows)
         wanted = [index for index, row in enumerate(rows) if row.job.sampling.logprobs is not None]
         logprobs = dict(zip(wanted, self._logprobs(logits[wanted], [picks[i] for i in wanted], rows, wanted), strict=True))
-        now, inputs = time.monotonic(), [0] * len(cohort.rows)
-        for index, slot, row, token in zip(range(len(rows)), alive, rows, picks, strict=True):
+        now = time.monotonic()
+        for index, slot, row, token in zip(range(len(rows)), sampled, rows, picks, strict=True):
             job = row.job
             if job.first_token is None:
                 job.first_token = now
