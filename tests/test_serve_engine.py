@@ -305,6 +305,27 @@ def test_completion_text_cuts_before_a_stop_and_holds_back_what_could_start_one(
     assert [held.add(0), held.add(1), held.finish()] == ["a", "", "b"]  # held back, sent at the end
 
 
+def test_holes_are_dropped_before_the_step_where_the_state_grows():
+    """Two of eight rows end early: their holes (a quarter of the rest) are stepped until the batch reaches
+    a position where a Toeplitz state doubles its history, and dropped just before that step."""
+    network = model("tnn").double().eval()
+    engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=64, prefix_min=0)
+    jobs = [submit(engine, [1, 2, 3, 4], Sampling(max_tokens=2 if k < 2 else 30, temperature=0.7, seed=k)) for k in range(8)]
+    seen = []  # (position, rows) after each iteration
+    with torch.no_grad():
+        while engine.unfinished:
+            engine.iteration()
+            seen += [(cohort.position, len(cohort.rows)) for cohort in engine.cohorts if cohort.rows]  # once the prompts landed
+    growth = next(position for position in range(7, CONTEXT) if engine.sizes.grows_at(position))
+    assert [rows for position, rows in seen if position < growth] and {rows for position, rows in seen if position < growth} == {8}
+    assert [rows for position, rows in seen if position == growth] == [6]
+    for job, collected in jobs:
+        alone = tokenmix.generate(
+            network, [torch.tensor(job.prompt)], job.sampling.max_tokens, temperature=0.7, seed=job.sampling.seed, max_length=CONTEXT
+        )
+        assert collected.tokens[0] == alone[0].tolist()
+
+
 def test_a_full_engine_refuses_and_frees_its_room_when_requests_end_or_are_cancelled():
     network = model("tnn").eval()
     probe = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=4, max_state_memory=10**10, prefix_min=0)

@@ -26,6 +26,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import torch
 
@@ -129,7 +130,10 @@ class Cohort:
     model holds every past input: many decoding steps' time. So a finished row leaves a hole (its
     ``holes`` entry: the bytes it keeps reserved), stepped with token 0, and a joining row takes a
     hole in place (``StreamState.assign``); the holes are dropped at once when they are three quarters
-    of the batch (stepping a hole costs far less than copying the state).
+    of the batch (stepping a hole costs far less than copying the state), or a quarter of the batch's
+    live rows where the state grows (``StateSizes.grows_at``): that step copies every row anyway, and
+    a Toeplitz state's also adds its largest block of inputs to the outputs ahead: the cost of dozens
+    of plain steps, for every row, holes included.
     """
 
     position: int
@@ -233,6 +237,11 @@ class StateSizes:
     def at(self, position: int) -> int:
         """Bytes of one row up to ``position`` (at most the context)."""
         return next((size for bound, size in self.bounds if bound >= position), self.bounds[-1][1])
+
+    def grows_at(self, position: int) -> bool:
+        """Whether a state reaching ``position`` grows there: a bound holding more bytes than the one before
+        (a Toeplitz state doubles its history on the step to each power of two; a fixed-size state never grows)."""
+        return any(bound == position and size > before for (_, before), (bound, size) in pairwise(self.bounds))
 
 
 class Engine:
@@ -611,7 +620,12 @@ class Engine:
                 self._leave(cohort, slot)
                 self._row_done(job)
         outgrown = any(nbytes < self.sizes.at(cohort.position + 1) for nbytes in cohort.holes.values())  # past their reservation
-        if outgrown or 4 * len(cohort.holes) >= 3 * len(cohort.rows):
+        holes = len(cohort.holes)
+        if (
+            outgrown
+            or 4 * holes >= 3 * len(cohort.rows)
+            or (self.sizes.grows_at(cohort.position) and 4 * holes >= len(cohort.rows) - holes)
+        ):
             inputs = [inputs[index] for index in cohort.alive()]
             self._compact(cohort)
         if cohort.rows:
