@@ -192,8 +192,12 @@ class EngineProcess:
 
 
 def serve_engine(requests, events, settings: dict) -> None:
-    """The child: load the model, build the engine, run it in a thread and answer the server until it says stop
-    (or goes away). Signals are the server's to handle: it drains, then stops this process."""
+    """The child: load the model, build the engine and run it in this process's main thread while another
+    answers the server (``listen``), until the server says stop or goes away. The engine runs in the
+    main thread because glibc serves a thread's allocations from heaps of at most 64 MB and maps every
+    larger block afresh (its pages faulted in again each time), while the main heap keeps freed blocks
+    for reuse (``runtime.retain_freed_memory``): a batch's state tensors grow past 64 MB. Signals are
+    the server's to handle: it drains, then stops this process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from ..runtime import retain_freed_memory, set_threads
@@ -210,8 +214,13 @@ def serve_engine(requests, events, settings: dict) -> None:
         return
     outbox = Outbox(events)
     events.send(("ready", model.config.vocab_size))
-    worker = threading.Thread(target=engine.run, kwargs={"after_iteration": outbox.flush}, name="tokenmix-engine", daemon=True)
-    worker.start()
+    listener = threading.Thread(target=listen, args=(requests, engine, outbox), name="tokenmix-requests", daemon=True)
+    listener.start()
+    engine.run(after_iteration=outbox.flush)
+
+
+def listen(requests, engine, outbox: Outbox) -> None:
+    """Answer the server's messages until it says stop (or goes away), then stop the engine."""
     jobs: dict[int, Job] = {}
     while True:
         try:
@@ -222,7 +231,6 @@ def serve_engine(requests, events, settings: dict) -> None:
             break
         answer_to(message, engine, jobs, outbox)
     engine.stop()
-    worker.join(10)
 
 
 class Outbox:
