@@ -431,7 +431,7 @@ def test_serve_run_drives_the_real_server_and_writes_records_tables_and_a_plot(t
         if record["kind"] == "serve":
             assert record["tokens"] == 4 * record["concurrency"] and record["tokens_per_second"] > 0 and record["repeats"] == 2
             for rate in ("tokens_per_second", "batched_tokens_per_second", "sequential_tokens_per_second"):
-                assert len(record[f"{rate}_runs"]) == 2 and record[rate] == sum(record[f"{rate}_runs"]) / 2
+                assert len(record[f"{rate}_runs"]) == 2 and record[rate] == min(record[f"{rate}_runs"])  # the lower middle
             phases = [record[f"engine_{phase}_seconds"] for phase in ("join", "decode", "prefill", "schedule")]
             assert record["engine_decode_seconds"] > 0 and min(phases) >= 0 and sum(phases) <= record["seconds"]
             assert record["clients_cpu_seconds"] > 0

@@ -141,7 +141,7 @@ def test_prompts_far_longer_than_a_young_batch_read_their_tails_in_it_and_equal_
     batch=st.integers(0, 300),
     tokens=st.integers(1, 300),
     chunk=st.integers(1, 64),
-    period=st.sampled_from([None, 1, 3, 8]),
+    period=st.sampled_from([None, 1, 3, 8, 128]),
     now=st.integers(0, 100),
 )
 def test_a_join_plan_lands_on_the_batch_with_whole_periods_of_padding(batch, tokens, chunk, period, now):
@@ -155,7 +155,9 @@ def test_a_join_plan_lands_on_the_batch_with_whole_periods_of_padding(batch, tok
         assert (now + plan.iterations) % JOIN_EVERY == 0
     assert plan.position == batch + plan.iterations == plan.pads + read
     assert plan.pads >= 0 and plan.pads % (period or 10**9) == 0 and 0 <= plan.tail <= MAX_TAIL and read >= 1
-    if plan.tail:  # only where the whole prompt could not land within the wait: the batch is too far behind it
+    if (
+        plan.tail and (period or 1) <= MAX_WAIT
+    ):  # only where the whole prompt could not land within the wait: the batch is too far behind it
         assert tokens - batch > -(-tokens // chunk) + MAX_WAIT
     sizes = chunk_sizes(read, chunk, plan.iterations)
     assert len(sizes) == plan.iterations and sum(sizes) == read and max(sizes) <= chunk
@@ -180,7 +182,35 @@ def test_a_join_plan_reads_a_prompt_past_a_batch_far_behind_it_in_the_batch():
     assert join_plan(15, 0, 128, 512, None, 128, 4224, now=1) == JoinPlan(7, 22, 0, 106)  # no landing: a joining iteration
     assert join_plan(15, 0, 40, 512, None, 128, 4224).tail == 0  # near enough: it reads slowly to meet the batch
     assert join_plan(15, 0, 16 + MAX_TAIL + 1, 10**4, None, 128, 4224, landings=frozenset({16})).position > 16  # a tail at most MAX_TAIL
-    assert join_plan(40, 0, 30, 8, 128, 5, 1000) is None  # a batch ahead: a tail cannot undo that
+    assert join_plan(40, 0, 30, 8, 128, 5, 1000) is None  # a batch ahead, with no whole period of padding in reach
+    assert join_plan(150, 0, 80, 8, 128, 20, 1000, now=2) == JoinPlan(6, 156, 128, 52)  # one period of padding, then a tail
+
+
+def test_a_prompt_joins_a_batch_ahead_of_it_with_whole_chunks_of_padding_and_a_tail():
+    """A chunked attention of 128-token chunks (``tcnca_simple``'s): a 60-token prompt meets a batch at about
+    position 150 after 128 padded positions, reads a few tokens there and the rest in the batch; its tokens
+    are those of ``tokenmix.generate`` alone."""
+    network = model("tcnca_simple").double().eval()
+    assert network.front_padding_period == 128
+    context = 256
+    engine = Engine(network, TOKEN_BYTES, context=context, max_batch=4, max_state_memory=10**10, chunk=64, prefix_min=0)
+    jobs = [submit(engine, [1, 2, 3, 4, 5], Sampling(max_tokens=240, temperature=0.0))]
+    with torch.no_grad():
+        for _ in range(146):  # the batch reaches position 150
+            engine.iteration()
+        prompt = torch.randint(0, 20, (60,), generator=torch.Generator().manual_seed(7)).tolist()
+        jobs.append(submit(engine, prompt, Sampling(max_tokens=20, temperature=0.8, seed=4)))
+        engine.iteration()
+        (prefill,) = engine.prefills
+        assert prefill.pads == [128] and 0 < len(prefill.tails[0]) < 60 and len(engine.cohorts) == 1
+        while engine.unfinished:
+            engine.iteration()
+    for job, collected in jobs:
+        s = job.sampling
+        alone = tokenmix.generate(
+            network, [torch.tensor(job.prompt)], s.max_tokens, temperature=s.temperature, seed=s.seed, max_length=context
+        )
+        assert collected.tokens[0] == alone[0].tolist()
 
 
 def test_a_join_plan_lands_with_an_unstarted_prefill_before_a_joining_iteration():

@@ -233,15 +233,16 @@ def _round(url: str, model, clients: ClientsProcess, concurrency: int, args, see
 
 
 def _summary(rounds: list[dict]) -> dict:
-    """The rounds as one record: each rate the median over the rounds (each round's beside it, ``*_runs``);
-    the served run's time, phases and CPU seconds those of the round with the median served rate (of
-    an even count, the lower middle one); the latency percentiles over every request of every round."""
+    """The rounds as one record: each rate the median over the rounds (of an even count, the lower middle
+    one: a round's own rate), each round's beside it (``*_runs``); the served run's time, phases and CPU
+    seconds those of the round with the median served rate; the latency percentiles over every request
+    of every round."""
     rates = ("tokens_per_second", "batched_tokens_per_second", "sequential_tokens_per_second")
     middle = sorted(rounds, key=lambda found: found["tokens_per_second"])[(len(rounds) - 1) // 2]
     record = {key: value for key, value in middle.items() if key not in ("results", *rates)}
     record["requests"] = len(middle["results"])
     for rate in rates:
-        record[rate] = statistics.median(found[rate] for found in rounds)
+        record[rate] = statistics.median_low(found[rate] for found in rounds)
         record[f"{rate}_runs"] = [found[rate] for found in rounds]
     return record | _latencies([result for found in rounds for result in found["results"]])
 

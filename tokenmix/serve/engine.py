@@ -396,7 +396,9 @@ class Engine:
 
     def _admit(self) -> None:
         with self.lock:
-            jobs = sorted(self.waiting, key=lambda job: len(job.prompt))  # the shortest first: the others pad to it or read past it
+            jobs = sorted(
+                self.waiting, key=lambda job: len(job.prompt)
+            )  # the shortest first: its batch is padded to the longest, or the others read past it
             self.waiting.clear()
         self.recent_prompts.extend(len(job.prompt) for job in jobs)
         for job in jobs:
@@ -464,13 +466,14 @@ class Engine:
     def _landing(self, start: int, tokens: int, sampling: Sampling) -> tuple[Cohort, JoinPlan] | None:
         """The running batch a stream at ``start`` with ``tokens`` prompt tokens to read joins, and how; None
         when it joins none (``join_plan``), or none long enough to share ``min(max_tokens, MAX_WAIT)``
-        steps with it (worth its padding). Of those it can join, the fullest, then the soonest."""
+        steps with it (worth its padding) past its tail (a tail read by a row left alone costs a step per
+        token). Of those it can join, the fullest, then the soonest."""
         limits = (self.chunk, self.period, sampling.max_tokens, self.context, self.iterations)
         plans = [(cohort, join_plan(cohort.position, start, tokens, *limits, self._landings(cohort))) for cohort in self.cohorts]
         shared = min(sampling.max_tokens, MAX_WAIT)
 
         def lasting(cohort: Cohort, plan: JoinPlan) -> bool:
-            return cohort.joining > 0 or cohort.life() - plan.iterations >= shared
+            return cohort.joining > 0 or cohort.life() - plan.iterations >= shared + plan.tail
 
         plans = [(cohort, plan) for cohort, plan in plans if plan is not None and lasting(cohort, plan)]
         return max(plans, key=lambda pair: (len(pair[0].alive()) + pair[0].joining, -pair[1].iterations), default=None)

@@ -51,8 +51,9 @@ def join_plan(
     which may not) with ``tokens`` prompt tokens still to read joins a batch now at ``batch_position``,
     or None when it cannot within ``MAX_WAIT`` iterations, the padding budget and the ``context``.
 
-    A new prompt that cannot land with its whole prompt read (the batch is past it by more than whole
-    periods of padding allow) lands with a tail: it reads its first tokens, joins, and reads the rest
+    A new prompt that cannot land with its whole prompt read (the batch stands too far behind it to
+    be met within the wait, or ahead of it by other than the whole periods of padding the prompt may
+    take) lands with a tail: it reads its first tokens, joins, and reads the rest
     in the batch, one token per step (as ``tokenmix.generate`` reads a batch's longer prompts), at
     most ``MAX_TAIL`` of them. Of the ways it can, the first that lands at one of ``landings``
     (positions where unstarted prefills of new prompts land: it is read with them, as one batch),

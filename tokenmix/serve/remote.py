@@ -220,17 +220,20 @@ def serve_engine(requests, events, settings: dict) -> None:
 
 
 def listen(requests, engine, outbox: Outbox) -> None:
-    """Answer the server's messages until it says stop (or goes away), then stop the engine."""
+    """Answer the server's messages until it says stop (or goes away), then stop the engine: also when answering
+    fails, so that the process ends and the server fails its requests rather than wait on a deaf engine."""
     jobs: dict[int, Job] = {}
-    while True:
-        try:
-            message = requests.recv()
-        except (EOFError, OSError):  # the server went away
-            break
-        if message[0] == "stop":
-            break
-        answer_to(message, engine, jobs, outbox)
-    engine.stop()
+    try:
+        while True:
+            try:
+                message = requests.recv()
+            except (EOFError, OSError):  # the server went away
+                break
+            if message[0] == "stop":
+                break
+            answer_to(message, engine, jobs, outbox)
+    finally:
+        engine.stop()
 
 
 class Outbox:
