@@ -396,9 +396,8 @@ class Engine:
 
     def _admit(self) -> None:
         with self.lock:
-            jobs = sorted(
-                self.waiting, key=lambda job: len(job.prompt)
-            )  # the shortest first: its batch is padded to the longest, or the others read past it
+            # the shortest first: its batch is padded to the longest (``_starting_pads``), or the others read past it
+            jobs = sorted(self.waiting, key=lambda job: len(job.prompt))
             self.waiting.clear()
         self.recent_prompts.extend(len(job.prompt) for job in jobs)
         for job in jobs:

@@ -53,12 +53,12 @@ def join_plan(
 
     A new prompt that cannot land with its whole prompt read (the batch stands too far behind it to
     be met within the wait, or ahead of it by other than the whole periods of padding the prompt may
-    take) lands with a tail: it reads its first tokens, joins, and reads the rest
-    in the batch, one token per step (as ``tokenmix.generate`` reads a batch's longer prompts), at
-    most ``MAX_TAIL`` of them. Of the ways it can, the first that lands at one of ``landings``
-    (positions where unstarted prefills of new prompts land: it is read with them, as one batch),
-    else on an iteration (counted from ``now``) that is a multiple of ``JOIN_EVERY``, else the
-    soonest: joining copies the batch's state, once for all that land together."""
+    take) lands with a tail: it reads its first tokens, joins, and reads the rest in the batch, one
+    token per step (as ``tokenmix.generate`` reads a batch's longer prompts), at most ``MAX_TAIL``
+    of them. Of the ways it can, the first that lands at one of ``landings`` (positions where
+    unstarted prefills of new prompts land: it is read with them, as one batch), else on an
+    iteration (counted from ``now``) that is a multiple of ``JOIN_EVERY``, else the soonest: joining
+    copies the batch's state, once for all that land together."""
     room = max(PAD_FLOOR, tokens + max_tokens)  # the padding a row's reservation allows
     plans = _whole_prompt_plans(batch_position, start, tokens, chunk, period, max_tokens, context, room)
     if not plans and start == 0:
