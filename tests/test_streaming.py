@@ -241,6 +241,24 @@ def test_model_streaming_with_padding_equals_forward(name):
 
 
 @pytest.mark.parametrize("name", LM_MODELS)
+def test_a_model_stream_told_where_its_rows_end_gives_their_logits_before_the_ends(name):
+    """``StreamState.limit_steps`` after a prompt (a server's and ``generate``'s rows' ends): each row's
+    logits before its end equal one forward's however far the others go (the online Toeplitz product
+    cuts its tiles at the furthest end; the other states ignore it)."""
+    network = model(name).double().eval()
+    length, prompt = 200, 40
+    tokens = torch.randint(0, 20, (3, length))
+    steps = torch.tensor([30, 97, length - prompt])
+    with torch.no_grad():
+        whole = network(tokens)
+        _, state = network(tokens[:, :prompt], state=network.init_state(3, max_length=length), return_state=True)
+        one_by_one = [slice(t, t + 1) for t in range(prompt, length)]
+        logits, _ = streamed(model_step(network), tokens, one_by_one, state.limit_steps(steps))
+    for row, count in enumerate(steps.tolist()):
+        assert relative_error(logits[row, :count], whole[row, prompt : prompt + count]) <= 1e-10
+
+
+@pytest.mark.parametrize("name", LM_MODELS)
 def test_a_model_stream_padded_in_front_by_whole_periods_gives_the_stream_alone(name):
     """``SequenceModel.front_padding_period``, the model's least common period of its blocks'."""
     network = model(name).double().eval()

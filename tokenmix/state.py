@@ -4,7 +4,8 @@ A state's fields are tensors with the batch first, positions (ints), or nested s
 holds its parts' states; a model a list of its blocks'). ``StreamState`` gives every such
 dataclass the three things generation needs without knowing what is inside: move it to a device
 (``to``), keep some rows of the batch, in any order (``select``, for batched generation and beam
-search), and say how much memory it holds (``nbytes``). ``to_plain`` / ``StreamState.from_plain``
+search), say how much memory it holds (``nbytes``), and hear how far each row will go
+(``limit_steps``: work only later positions need may be skipped). ``to_plain`` / ``StreamState.from_plain``
 turn a state into nested dicts and lists of tensors and numbers and back, so a checkpoint holding
 one loads with ``torch.load(weights_only=True)``: only registered state classes are rebuilt, from
 their own fields.
@@ -40,6 +41,14 @@ def _tensors(value):
     elif isinstance(value, (list, tuple)):
         for item in value:
             yield from _tensors(item)
+
+
+def _limit_steps(value, steps: torch.Tensor):
+    if isinstance(value, StreamState):
+        return value.limit_steps(steps)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_limit_steps(item, steps) for item in value)
+    return value
 
 
 _STATE_CLASSES: dict[str, type[StreamState]] = {}
@@ -148,6 +157,14 @@ class StreamState:
         if len(shapes) > 1:
             raise ValueError(f"{cls.__name__}.{name} has shapes {sorted(shapes)} past the batch: streams at different positions?")
         return torch.cat(tensors)
+
+    def limit_steps(self: S, steps: torch.Tensor) -> S:
+        """This state, told that row r will be stepped at most ``steps[r]`` more tokens (a 1-D integer
+        tensor, a count per row; a server and ``generate`` know each request's end). A state that can
+        skip work only later positions need (the online Toeplitz product adds each tile to the outputs
+        of every row's future up to the furthest end, ``ops/online_toeplitz.py``) does; a row stepped
+        further than it said gets inexact outputs. Nested states are told too; the others ignore it."""
+        return dataclasses.replace(self, **{f.name: _limit_steps(getattr(self, f.name), steps) for f in dataclasses.fields(self)})
 
     def nbytes(self) -> int:
         """Bytes held by the state's tensors."""

@@ -83,6 +83,7 @@ def generate(
     shared = min(lengths)
     state = model.init_state(len(prompts), max_length=max_length or longest, device=device)
     logits, state = model(torch.stack([prompt[:shared] for prompt in prompts]).to(device), state=state, return_state=True)
+    state = state.limit_steps(torch.tensor([length - shared + max_new_tokens - 1 for length in lengths]))  # a row's last token is not read
     active, position = list(range(len(prompts))), shared  # prompts still in the batch; tokens read so far
     bar = progress_bar(total=len(prompts) * max_new_tokens, unit="token", desc="generating", disable=not progress)
     while active and max_new_tokens:

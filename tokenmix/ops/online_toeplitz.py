@@ -15,34 +15,59 @@ Small tiles are cheaper as a direct product.
 The state holds the input history and the contributions already added to future outputs
 ("pending"); entries before the current position are always zero, so a state after a parallel
 prefill of P inputs (``prefill_state``) equals the state after P single steps.
+
+A decoder that knows where its rows end (``StreamState.limit_steps``: a request's prompt and
+``max_tokens``) needs no output at or past the furthest end E: the tile at p adds only its outputs
+[p, min(p + B, E)) (by FFT at the fast size past B + E - p points rather than 2B), none at all
+from p >= E on. A row's pending sums past its end stay incomplete: it must not be stepped there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from ..state import StreamState
 from ..validation import check_int
+from .fft import fast_fft_size
 from .forms import OpForms, register_op, returned
 from .toeplitz import naive_toeplitz_matvec, toeplitz_matvec
 
+NO_END = torch.iinfo(torch.int64).max  # a row's end when nobody said (``limit_steps``): every output is made
+LIMITED_TILE_MIN = 16  # smaller tiles are added whole: reading the rows' ends would cost more (on a GPU, a wait)
 DIRECT_TILE_MAX = 8  # one row's tiles up to this size use the direct product (``direct_tile``)
 FFT_GROUP_POINTS = 2**20  # on the CPU, tile FFTs run over row groups of at most this many points (``fft_rows``)
 
 
 @dataclass
 class OnlineToeplitzState(StreamState):
-    """inputs, pending: (batch, capacity, d); position: how many inputs have been seen."""
+    """inputs, pending: (batch, capacity, d); position: how many inputs have been seen; ends: (batch,)
+    the position before which each row's outputs are needed (``NO_END``: all of them)."""
 
     inputs: torch.Tensor
     pending: torch.Tensor
     position: int = 0
+    ends: torch.Tensor | None = None  # None: every row's is NO_END
+
+    def __post_init__(self):
+        if self.ends is None:
+            self.ends = torch.full((self.inputs.shape[0],), NO_END, dtype=torch.long, device=self.inputs.device)
+
+    def limit_steps(self, steps: torch.Tensor) -> OnlineToeplitzState:
+        """Row r's outputs are needed before ``position + steps[r]`` only (``StreamState.limit_steps``)."""
+        steps = torch.as_tensor(steps)
+        if steps.shape != self.ends.shape or steps.is_floating_point() or steps.dtype == torch.bool:
+            rows, got = self.ends.shape[0], f"{steps.dtype} of shape {tuple(steps.shape)}"
+            raise ValueError(f"steps must be {rows} integer step counts (one per row), got {got}")
+        return dataclasses.replace(self, ends=self.position + steps.to(self.ends))
 
     @classmethod
     def concat_tensors(cls, name: str, tensors: list[torch.Tensor]) -> torch.Tensor:
         """The histories joined at the largest capacity (zeros past the position, as ``_grow`` adds), in one copy."""
+        if name == "ends":
+            return torch.cat(tensors)
         first = tensors[0]
         if all(tensor.shape[1] == first.shape[1] for tensor in tensors):
             return torch.cat(tensors)  # no zeros to write first
@@ -57,6 +82,8 @@ class OnlineToeplitzState(StreamState):
     def assign_tensor(cls, name: str, mine: torch.Tensor, rows: list[int], theirs: torch.Tensor) -> torch.Tensor:
         """Rows written in place when they fit the capacity (the rest of each row zeroed: an earlier stream's
         pending sums must not reach the new one); a longer history widens the whole field first."""
+        if name == "ends":
+            return super().assign_tensor(name, mine, rows, theirs)
         if theirs.shape[1] > mine.shape[1]:
             mine = torch.nn.functional.pad(mine, (0, 0, 0, theirs.shape[1] - mine.shape[1]))
         mine[rows] = 0
@@ -104,19 +131,21 @@ def _grow(state: OnlineToeplitzState, needed: int) -> None:
     state.pending = torch.nn.functional.pad(state.pending, (0, 0, 0, pad))
 
 
-def direct_tile(size: int, batch: int) -> bool:
-    """Whether a tile of ``size`` inputs on ``batch`` rows takes the direct product (B multiply-adds of
-    (batch, B, d)) rather than FFTs at 2B points: up to ``DIRECT_TILE_MAX`` * sqrt(batch) inputs. Many
-    short FFTs along the token axis cost far more per point than multiply-adds, and their number grows
-    with the batch, so a batch of 64 rows decodes fastest with direct tiles of up to 64 inputs."""
-    return size * size <= DIRECT_TILE_MAX**2 * batch
+def direct_tile(size: int, batch: int, outputs: int | None = None) -> bool:
+    """Whether a tile of ``size`` inputs on ``outputs`` (default ``size``) outputs of ``batch`` rows takes
+    the direct product (B multiply-adds of (batch, M, d)) rather than FFTs: while B * M is at most
+    ``DIRECT_TILE_MAX``^2 * batch (square tiles: up to 8 sqrt(batch) inputs). Many short FFTs along the
+    token axis cost far more per point than multiply-adds, and their number grows with the batch, so
+    a batch of 64 rows decodes fastest with direct tiles of up to 64 inputs."""
+    return size * (size if outputs is None else outputs) <= DIRECT_TILE_MAX**2 * batch
 
 
 class TileKernels:
     """The kernel as each tile size needs it, computed once per size from taps (n, d) by lag.
 
-    A tile of B inputs on the B outputs after it uses the lags 1 ... 2B - 1: as a (B, B, d) matrix
-    of lags B + m - r (by r, then m) for the direct product, or as the rfft of lags 0 ... 2B - 1 at 2B points.
+    A tile of B inputs on the M <= B outputs after it uses the lags 1 ... B + M - 1: as a (B, B, d)
+    matrix of lags B + m - r (by r, then m) for the direct product, or as the rfft of lags 0 ... N - 1
+    at N >= B + M points.
     """
 
     def __init__(self, taps: torch.Tensor):
@@ -135,47 +164,51 @@ class TileKernels:
             self._direct[size] = self.taps[size + offsets[None, :] - offsets[:, None]]
         return self._direct[size]
 
-    def spectrum(self, size: int) -> torch.Tensor:
-        if size not in self._spectra:
-            self._spectra[size] = torch.fft.rfft(self.taps[: 2 * size], n=2 * size, dim=0)
-        return self._spectra[size]
+    def spectrum(self, points: int) -> torch.Tensor:
+        if points not in self._spectra:
+            self._spectra[points] = torch.fft.rfft(self.taps[:points], n=points, dim=0)
+        return self._spectra[points]
 
 
-def tile_contribution(block: torch.Tensor, kernels: TileKernels) -> torch.Tensor:
-    """c_m = sum_r block_r k_{B + m - r}, m, r in [0, B): a block of B inputs on the B outputs after it.
+def tile_contribution(block: torch.Tensor, kernels: TileKernels, outputs: int | None = None) -> torch.Tensor:
+    """c_m = sum_r block_r k_{B + m - r}, r in [0, B), m in [0, M): a block of B inputs on the M
+    outputs after it (``outputs``, default M = B).
 
-    block: (batch, B, d). Directly, one multiply-add per input, for small B (``direct_tile``);
-    otherwise a middle product by FFT at 2B points (the linear convolution's entries B ... 2B - 1 do
-    not wrap around).
+    block: (batch, B, d). Directly, one multiply-add per input, for small tiles (``direct_tile``);
+    otherwise a middle product by FFT at N >= B + M points (2B for a whole tile, else the next fast
+    size): the linear convolution's entries B ... B + M - 1 do not wrap around.
     """
     batch, size = block.shape[:2]
-    if direct_tile(size, batch):
-        kernel = kernels.direct(size).to(block.dtype)
+    outputs = size if outputs is None else outputs
+    if direct_tile(size, batch, outputs):
+        kernel = kernels.direct(size)[:, :outputs].to(block.dtype)
         contribution = block[:, 0, None] * kernel[0]
         for r in range(1, size):
             contribution = contribution.addcmul_(block[:, r, None], kernel[r])
         return contribution
-    spectrum, rows = kernels.spectrum(size), fft_rows(block)
+    points = 2 * size if outputs == size else fast_fft_size(size + outputs)
+    spectrum, rows = kernels.spectrum(points), fft_rows(block, points)
     if rows >= batch:
-        return _middle_product(block, spectrum, size)
-    contribution = torch.empty_like(block)
+        return _middle_product(block, spectrum, points, outputs)
+    contribution = block.new_empty(batch, outputs, block.shape[2])
     for first in range(0, batch, rows):
-        contribution[first : first + rows] = _middle_product(block[first : first + rows], spectrum, size)
+        contribution[first : first + rows] = _middle_product(block[first : first + rows], spectrum, points, outputs)
     return contribution
 
 
-def _middle_product(block: torch.Tensor, spectrum: torch.Tensor, size: int) -> torch.Tensor:
-    product = torch.fft.rfft(block, n=2 * size, dim=1) * spectrum
-    return torch.fft.irfft(product, n=2 * size, dim=1)[:, size:].to(block.dtype)
+def _middle_product(block: torch.Tensor, spectrum: torch.Tensor, points: int, outputs: int) -> torch.Tensor:
+    size = block.shape[1]
+    product = torch.fft.rfft(block, n=points, dim=1) * spectrum
+    return torch.fft.irfft(product, n=points, dim=1)[:, size : size + outputs].to(block.dtype)
 
 
-def fft_rows(block: torch.Tensor) -> int:
-    """Rows of ``block`` (batch, B, d) whose tile FFTs run together: on the CPU as many as keep 2B * d
-    points per row within ``FFT_GROUP_POINTS`` (a batch's FFTs at once leave the cache and ran 3 to 4
-    times slower at 64 rows of 256 inputs); on other devices the whole batch."""
+def fft_rows(block: torch.Tensor, points: int) -> int:
+    """Rows of ``block`` (batch, B, d) whose tile FFTs (at ``points``) run together: on the CPU as many
+    as keep ``points`` * d per row within ``FFT_GROUP_POINTS`` (a batch's FFTs at once leave the cache
+    and ran 3 to 4 times slower at 64 rows of 256 inputs); on other devices the whole batch."""
     if block.device.type != "cpu":
         return block.shape[0]
-    return max(1, FFT_GROUP_POINTS // (2 * block.shape[1] * block.shape[2]))
+    return max(1, FFT_GROUP_POINTS // (points * block.shape[2]))
 
 
 def online_step(state: OnlineToeplitzState, x: torch.Tensor, kernels: TileKernels) -> torch.Tensor:
@@ -188,8 +221,10 @@ def online_step(state: OnlineToeplitzState, x: torch.Tensor, kernels: TileKernel
     state.inputs[:, t] = x
     y = state.pending[:, t] + kernels.taps[0].to(x.dtype) * x
     state.pending[:, t] = 0.0
-    start = t + 1 - size
-    state.pending[:, t + 1 : t + 1 + size] += tile_contribution(state.inputs[:, start : t + 1].clone(), kernels)  # kept for autograd
+    outputs = size if size < LIMITED_TILE_MIN else min(size, int(state.ends.max()) - (t + 1))  # none past every row's end
+    if outputs > 0:
+        block = state.inputs[:, t + 1 - size : t + 1].clone()  # kept for autograd
+        state.pending[:, t + 1 : t + 1 + outputs] += tile_contribution(block, kernels, outputs)
     state.position = t + 1
     return y
 

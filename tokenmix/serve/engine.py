@@ -121,6 +121,11 @@ class Row:
         self.unread = list(unread)
         self.text = CompletionText(token_bytes, list(job.sampling.stop))
 
+    def steps_left(self) -> int:
+        """Model steps whose outputs this row may still use (at most: a stop may end it sooner): one per
+        prompt token it has yet to read and per token it has yet to sample, the coming step included."""
+        return len(self.unread) + self.job.sampling.max_tokens - len(self.tokens)
+
 
 @dataclass
 class Cohort:
@@ -132,8 +137,9 @@ class Cohort:
     hole in place (``StreamState.assign``); the holes are dropped at once when they are three quarters
     of the batch (stepping a hole costs far less than copying the state), or a quarter of the batch's
     live rows where the state grows (``StateSizes.grows_at``): that step copies every row anyway, and
-    a Toeplitz state's also adds its largest block of inputs to the outputs ahead: the cost of dozens
-    of plain steps, for every row, holes included.
+    a Toeplitz state's also adds its largest block of inputs to the outputs ahead (up to the furthest
+    row's end: every step tells the state where its rows end, ``StreamState.limit_steps``): the cost
+    of dozens of plain steps, for every row, holes included.
     """
 
     position: int
@@ -148,7 +154,7 @@ class Cohort:
 
     def life(self) -> int:
         """Iterations until its last row ends (at most: a stop may end a row sooner)."""
-        return max((row.job.sampling.max_tokens - len(row.tokens) + len(row.unread) for row in self.rows if row is not None), default=0)
+        return max((row.steps_left() for row in self.rows if row is not None), default=0)
 
 
 @dataclass
@@ -631,7 +637,9 @@ class Engine:
             inputs = [inputs[index] for index in cohort.alive()]
             self._compact(cohort)
         if cohort.rows:
-            logits, cohort.state = self.model(torch.tensor(inputs, device=self.device)[:, None], state=cohort.state, return_state=True)
+            steps = torch.tensor([0 if row is None else row.steps_left() for row in cohort.rows])  # holes: none
+            state = cohort.state.limit_steps(steps)
+            logits, cohort.state = self.model(torch.tensor(inputs, device=self.device)[:, None], state=state, return_state=True)
             cohort.logits = logits[:, -1]
         return len(rows)
 
