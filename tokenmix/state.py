@@ -2,12 +2,12 @@
 
 A state's fields are tensors with the batch first, positions (ints), or nested states (a block
 holds its parts' states; a model a list of its blocks'). ``StreamState`` gives every such
-dataclass the three things generation needs without knowing what is inside: move it to a device
-(``to``), keep some rows of the batch, in any order (``select``, for batched generation and beam
-search), say how much memory it holds (``nbytes``), and hear how far each row will go
-(``limit_steps``: work only later positions need may be skipped). ``to_plain`` / ``StreamState.from_plain``
-turn a state into nested dicts and lists of tensors and numbers and back, so a checkpoint holding
-one loads with ``torch.load(weights_only=True)``: only registered state classes are rebuilt, from
+dataclass what generation needs without knowing what is inside: move it to a device (``to``),
+keep some rows of the batch, in any order (``select``, for batched generation and beam search),
+say how much memory it holds (``nbytes``), and hear how far each row will go (``limit_steps``:
+work only later positions need may be skipped). ``to_plain`` / ``StreamState.from_plain`` turn a
+state into nested dicts and lists of tensors and numbers and back, so a checkpoint holding one
+loads with ``torch.load(weights_only=True)``: only registered state classes are rebuilt, from
 their own fields.
 """
 

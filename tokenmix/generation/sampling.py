@@ -1,5 +1,6 @@
 """Choosing the next token from logits: greedy, or sampled with temperature, top-k and top-p, each row
-from its own generator seeded by (seed, row), so what a row samples does not depend on the others."""
+from its own generator seeded by (seed, row), so what a row samples does not depend on the others
+(one uniform draw per token, by the inverse of the cumulative distribution)."""
 
 from __future__ import annotations
 
@@ -49,5 +50,32 @@ def choose_tokens(
         ordered = ordered.masked_fill(before >= top_p, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, ordered)
     probabilities = torch.softmax(logits, dim=-1).cpu()
-    drawn = [torch.multinomial(row, 1, generator=generator) for row, generator in zip(probabilities, generators, strict=True)]
-    return torch.cat(drawn).to(logits.device)
+    uniforms = torch.stack([torch.rand((), dtype=torch.float64, generator=generator) for generator in generators])
+    return inverse_cdf_draw(probabilities, uniforms).to(logits.device)
+
+
+def inverse_cdf_draw(probabilities: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Row r's token: the first whose cumulative probability (float64) exceeds ``uniforms[r]`` (in [0, 1))
+    times the row's total, for every row at once; a token of probability zero is never drawn
+    (``naive_inverse_cdf_draw``: the reference). One uniform per row from its own generator, then
+    one search: a ``torch.multinomial`` call per row cost about 13 us, a tenth of a 64-row decoding
+    step of the demo model."""
+    cumulative = probabilities.double().cumsum(dim=-1)
+    drawn = torch.searchsorted(cumulative, uniforms.double()[:, None] * cumulative[:, -1:], right=True)[:, 0]
+    last_possible = probabilities.shape[-1] - 1 - (probabilities.flip(-1) > 0).int().argmax(dim=-1)  # round-off at the top
+    return torch.minimum(drawn, last_possible)
+
+
+def naive_inverse_cdf_draw(probabilities: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Reference (tests only): ``inverse_cdf_draw`` by walking each row's tokens in order."""
+    tokens = []
+    for row, uniform in zip(probabilities.double().tolist(), uniforms.double().tolist(), strict=True):
+        target, total = uniform * sum(row), 0.0
+        chosen = max(index for index, probability in enumerate(row) if probability > 0)
+        for index, probability in enumerate(row):
+            total += probability
+            if total > target:
+                chosen = index
+                break
+        tokens.append(chosen)
+    return torch.tensor(tokens, dtype=torch.long)
