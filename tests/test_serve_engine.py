@@ -16,6 +16,7 @@ from hypothesis import strategies as st  # noqa: E402
 from test_contracts import LM_MODELS, model  # noqa: E402
 
 import tokenmix  # noqa: E402
+from tokenmix.runtime import threads_within  # noqa: E402
 from tokenmix.serve import ENGINE_PHASES  # noqa: E402
 from tokenmix.serve import engine as engine_module  # noqa: E402
 from tokenmix.serve.engine import Busy, Engine, Failed, Finished, Job, Sampling, Token  # noqa: E402
@@ -65,6 +66,22 @@ def model_calls(network) -> list[tuple[int, int]]:
     calls = []
     network.register_forward_hook(lambda module, args, output: calls.append(tuple(args[0].shape)))
     return calls
+
+
+def test_prompts_are_read_with_the_prefill_threads_and_steps_keep_their_own():
+    """``prefill_threads``: torch's thread count during a prefill's forward, restored for the steps."""
+    network = model("tnn").double().eval()
+    threads = []  # (tokens in the call, torch's threads during it)
+    with threads_within(1):
+        engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=4, max_state_memory=10**10, prefill_threads=2)
+        network.register_forward_hook(lambda module, args, output: threads.append((args[0].shape[1], torch.get_num_threads())))
+        jobs = [submit(engine, list(range(1, 12)), Sampling(max_tokens=5, seed=0)) for _ in range(2)]
+        with torch.no_grad():
+            while engine.unfinished:
+                engine.iteration()
+        assert torch.get_num_threads() == 1
+    assert all(collected.done.is_set() for _, collected in jobs)
+    assert {count for tokens, count in threads if tokens > 1} == {2} and {count for tokens, count in threads if tokens == 1} == {1}
 
 
 @pytest.mark.parametrize("name", LM_MODELS)

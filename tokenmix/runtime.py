@@ -84,6 +84,20 @@ def pinned(cpus: Iterable[int] | None):
         pin_process(before)
 
 
+@contextlib.contextmanager
+def threads_within(threads: int | None):
+    """torch's intra-op threads set to ``threads`` inside the block, the earlier count after (None: unchanged)."""
+    if threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def set_threads(threads: int) -> None:
     """``torch.set_num_threads``, with a warning when ``threads`` exceeds the CPUs this process may use:
     threads beyond them take turns on the same cores and slow every operation down."""

@@ -58,6 +58,12 @@ def add_parser(subparsers) -> None:
         "--drain-timeout", type=Number(0), default=30.0, help="seconds SIGTERM waits for running requests to finish (default: 30)"
     )
     add_threads_and_device(parser, threads_default="torch's, at most one fewer than the CPUs: one core is left to the HTTP server")
+    parser.add_argument(
+        "--prefill-threads",
+        type=Integer(1),
+        default=None,
+        help="threads that read a batch of prompts (one parallel forward, in bursts) (default: the CPUs this process may use)",
+    )
     parser.set_defaults(handler=run_serve)
 
 
@@ -117,6 +123,7 @@ def run_serve(args) -> int:
     print(f"tokenmix serve: measuring state sizes up to {context} tokens", file=sys.stderr, flush=True)
     options = {"context": context, "max_batch": args.max_batch, "max_state_memory": args.max_state_memory, "chunk": args.chunk}
     options["prefix_min"] = args.prefix_cache_min
+    options["prefill_threads"] = args.prefill_threads or available_cpus()
     settings = {"served": args.checkpoint, "device": args.device, "threads": threads, "engine": options}
     with user_input():
         engine = EngineProcess(settings)

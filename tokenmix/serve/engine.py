@@ -31,6 +31,7 @@ from itertools import pairwise
 import torch
 
 from ..generation import choose_tokens, row_generator
+from ..runtime import threads_within
 from .metrics import ServeMetrics
 from .plan import MAX_WAIT, PAD_FLOOR, JoinPlan, alone_plan, chunk_sizes, join_plan
 from .text import CompletionText, token_text
@@ -257,7 +258,8 @@ class Engine:
     made for it, so a request's tokens are those of ``tokenmix.generate(..., max_length=context)``.
     ``max_batch``: rows at most (choices of running and reading requests); ``max_state_memory``:
     bytes the states and the prefix cache may hold; ``chunk``: prompt tokens a prefill reads per
-    iteration; ``prefix_min``: prompts at least this long are cached for reuse (0: no cache).
+    iteration; ``prefix_min``: prompts at least this long are cached for reuse (0: no cache);
+    ``prefill_threads``: torch's threads while a prefill reads its chunk (None: those of the steps).
     """
 
     def __init__(
@@ -271,8 +273,10 @@ class Engine:
         chunk: int = 512,
         prefix_min: int = 64,
         prefix_entries: int = 16,
+        prefill_threads: int | None = None,
     ):
         self.model, self.token_bytes = model.eval(), token_bytes
+        self.prefill_threads = prefill_threads
         self.context, self.max_batch, self.budget, self.chunk = context, max_batch, max_state_memory, chunk
         self.prefix_min, self.prefix_entries = prefix_min, prefix_entries
         self.device = next(model.parameters()).device
@@ -505,7 +509,8 @@ class Engine:
         if not prefill.resumed and any(pads > prefill.fed for pads in prefill.pads):
             positions = torch.arange(prefill.fed, prefill.fed + size, device=self.device)
             mask = positions[None] >= torch.tensor(prefill.pads, device=self.device)[:, None]
-        logits, prefill.state = self.model(tokens, mask, state=prefill.state, return_state=True)
+        with threads_within(self.prefill_threads):
+            logits, prefill.state = self.model(tokens, mask, state=prefill.state, return_state=True)
         prefill.logits, prefill.fed = logits[:, -1].clone(), prefill.fed + size  # not a view keeping the chunk's logits
         if prefill.fed == len(prefill.tokens[0]) and self.prefix_min:
             for row, prompt in enumerate(prefill.prompts):
