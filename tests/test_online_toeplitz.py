@@ -51,6 +51,7 @@ def test_rows_told_their_ends_get_the_same_outputs_before_them_and_no_work_past_
     for row, count in enumerate(steps.tolist()):
         assert relative_error(outputs[row, :count], expected[row, :count]) < 1e-12
     assert not state.pending[:, n + online_toeplitz.LIMITED_TILE_MIN - 1 :].any()
+    assert n < online_toeplitz.LIMITED_TILE_MIN or state.pending.shape[1] < 2 * n  # no room made for a cut tile's outputs
     whole, _ = _stepped(x, taps, told_nothing := empty_state(3, 3, dtype=x.dtype))
     assert relative_error(whole, naive_toeplitz_matvec(x, taps[:n], causal=True)) < 1e-12
     assert told_nothing.pending[:, n:].any()

@@ -217,11 +217,11 @@ def online_step(state: OnlineToeplitzState, x: torch.Tensor, kernels: TileKernel
     if len(kernels) < required_lags(t):
         raise ValueError(f"taps must cover lags 0 ... {required_lags(t) - 1} at position {t}, got {len(kernels)} rows")
     size = _tile_size(t + 1)
-    _grow(state, t + 1 + size)
+    outputs = size if size < LIMITED_TILE_MIN else min(size, int(state.ends.max()) - (t + 1))  # none past every row's end
+    _grow(state, t + 1 + max(outputs, 0))  # a cut tile needs no room past the furthest end
     state.inputs[:, t] = x
     y = state.pending[:, t] + kernels.taps[0].to(x.dtype) * x
     state.pending[:, t] = 0.0
-    outputs = size if size < LIMITED_TILE_MIN else min(size, int(state.ends.max()) - (t + 1))  # none past every row's end
     if outputs > 0:
         block = state.inputs[:, t + 1 - size : t + 1].clone()  # kept for autograd
         state.pending[:, t + 1 : t + 1 + outputs] += tile_contribution(block, kernels, outputs)
