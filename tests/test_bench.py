@@ -38,13 +38,17 @@ FIELD_TYPES = {
     "peak_mem_mb": float,
     "retain_freed_memory": bool,
     "git_commit": str,
+    "precision": str,
+    "compiled": bool,
 }
+SETTING_FIELDS = ("depth", "compile_mode")  # None where they do not apply (a mixer's depth, an eager case's mode)
 RATIO_FIELDS = ("fft_floor_ms", "fft_channels_last_ms", "fft_channels_first_ms", "fwd_ratio_to_fft", "fwdbwd_ratio_to_fft")
 SIZES = ["--dim", "8", "--model-dim", "8", "--batch-tokens", "64", "--repeats", "1"]
 
 
 def check_record(record: dict, provenance: bool = True) -> None:
-    assert set(record) == set(MEASUREMENT_FIELDS) == set(FIELD_TYPES) | set(RATIO_FIELDS) | {"error", "profile"}
+    assert set(record) == set(MEASUREMENT_FIELDS) == set(FIELD_TYPES) | set(RATIO_FIELDS) | set(SETTING_FIELDS) | {"error", "profile"}
+    assert (record["depth"] is not None) == (record["kind"] == "model") and (record["compile_mode"] is not None) == record["compiled"]
     for name, kind in FIELD_TYPES.items():
         if provenance or name not in ("retain_freed_memory", "git_commit"):
             assert isinstance(record[name], kind), name
@@ -208,6 +212,7 @@ def test_cases_skip_modes_a_mixer_or_model_lacks():
     arguments = Namespace(
         mixers=None, models=None, kinds=["mixer", "layer", "model"], causal="both", lengths=[64],
         dim=8, model_dim=8, batch_tokens=64, dtype="float32", device="cpu", option=[("path", "sparse"), ("tcn.depth", 2)],
+        precision="fp32", compile=False, compile_mode="default", depth=None,
     )  # fmt: skip
     built = bench_cases(arguments)
     assert all(case.options == ({"path": "sparse", "depth": 2} if case.name == "tcn" else {"path": "sparse"}) for case in built)

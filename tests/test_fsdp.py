@@ -78,6 +78,17 @@ def test_fsdp_trains_a_segment_recurrent_model_as_ddp_does(tmp_path):
 
 
 @pytest.mark.slow
+def test_fsdp_in_bf16_gathers_half_weights_and_takes_the_steps_of_ddp_in_bf16(tmp_path):
+    """FSDP2's mixed-precision policy (weights gathered in bf16, but the layer norms' and the TNO's, which
+    compute in float32) against DDP under autocast, whose products see the same bf16 weights: the same curve
+    to the norms' weights rounding."""
+    flags = ["--steps", "10", "--eval-every", "10", "--precision", "bf16"]
+    ddp = train(tmp_path / "ddp", 2, *flags)
+    assert_same_curve(train(tmp_path / "fsdp", 2, *flags, "--fsdp"), ddp, 1e-3)
+    assert load_checkpoint(tmp_path / "fsdp" / "checkpoint.pt")["train_config"]["precision"] == "bf16"
+
+
+@pytest.mark.slow
 def test_fsdp_over_data_and_context_parallel_processes_equals_data_parallel_alone(runs):
     """dp 2 x cp 2 = 4 processes read the batches of dp 2 and split each sequence in two: the same steps."""
     assert_same_curve(runs["fsdp_2d"], runs["ddp"], 1e-5)

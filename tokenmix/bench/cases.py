@@ -12,9 +12,11 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from ..compilation import compile_blocks, compile_forward
 from ..mixers.registry import build_mixer, list_mixers, mixer_class
 from ..models.model import build_model
 from ..models.registry import list_models, model_spec, resolve_model_options
+from ..precision import check_precision, compute_dtype
 
 TRAINING_KINDS = ("mixer", "layer", "model")
 KINDS = (*TRAINING_KINDS, "generate")  # what --kinds selects; generate: the generate and generate_mixer cases
@@ -41,6 +43,10 @@ class Case:
     options: dict = field(default_factory=dict)
     limits: dict = field(default_factory=dict)  # generate kinds: recompute_max, direct_max_seconds
     variant: str = ""  # a model changed by its options, named in its records beside the model's name: "ssm 16"
+    precision: str = "fp32"  # the forward under autocast to this compute dtype (``tokenmix.precision``); mixers read inputs in it
+    compile: bool = False  # the mixer, the layer or the model's blocks compiled (``tokenmix.compilation``)
+    compile_mode: str = "default"  # torch.compile's mode
+    depth: int | None = None  # a model's blocks (None: MODEL_DEPTH, GENERATE_DEPTH for decoding)
 
     @property
     def label(self) -> str:
@@ -55,23 +61,31 @@ class Case:
             raise ValueError(f"{self.kind} name must be one of {names}, got {self.name!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        check_precision(self.precision)
+        if self.compile and self.kind not in TRAINING_KINDS:
+            raise ValueError(f"compile applies to the kinds {list(TRAINING_KINDS)}, not {self.kind!r} (decoding steps stay eager)")
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def build(self) -> tuple[torch.nn.Module, torch.Tensor]:
-        """(module on device, inputs); modules get the case's dtype, token inputs stay int64."""
+        """(module on device, inputs); modules get the case's dtype, token inputs stay int64, a mixer's inputs come in
+        the compute dtype of a mixed ``precision`` (as a layer under autocast hands them over). A model runs in the
+        case's precision; the caller wraps the other kinds' calls in ``autocast``. Compiled when the case says so."""
         device, dtype = torch.device(self.device), DTYPES[self.dtype]
         torch.manual_seed(0)
         if self.kind in ("model", "generate"):
             task = "lm" if self.causal else "mlm"
-            depth = GENERATE_DEPTH if self.kind == "generate" else MODEL_DEPTH
+            depth = self.depth or (GENERATE_DEPTH if self.kind == "generate" else MODEL_DEPTH)
             options = dict(self.options)
             if self.kind == "generate" and "segment_length" in resolve_model_options(self.name, options, self.dim, depth):
                 options.setdefault("segment_length", GENERATE_SEGMENT)  # recurrent (XL) models decode in segments
             module = build_model(self.name, task=task, vocab_size=MODEL_VOCAB, dim=self.dim, depth=depth, **options)
+            module.precision = self.precision
             length = self.length + (self.kind == "generate")  # generate: the prompt and the next token
             inputs = torch.randint(0, MODEL_VOCAB, (self.batch, length), device=device)
+            if self.compile:
+                compile_blocks(module, mode=self.compile_mode)
         else:
             if self.kind in MIXER_KINDS:
                 module = build_mixer(self.name, self.dim, self.causal, **self.options)
@@ -79,6 +93,10 @@ class Case:
                 spec = model_spec(self.name)  # the top layer of a two-layer stack (fnet_ar_xl: its FNetAR layer)
                 module = spec.layers(self.dim, self.causal, 2, **{**spec.defaults, **self.options})[-1]
             inputs = torch.randn(self.batch, self.length, self.dim, device=device, dtype=dtype)
+            if self.kind in MIXER_KINDS and self.precision != "fp32":
+                inputs = inputs.to(compute_dtype(self.precision))
+            if self.compile:
+                compile_forward(module, mode=self.compile_mode)
         return module.to(device=device, dtype=dtype), inputs
 
     @property

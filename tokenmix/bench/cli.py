@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from ..compilation import COMPILE_MODES
 from ..devices import resolve_device
 from ..errors import user_input
 from ..fields import Choice, Cpus, Existing, Integer, KeyValue, Lengths, Names, Number, Output, check_output_path
@@ -20,6 +21,7 @@ from ..files import write_json_atomic, write_text_atomic
 from ..mixers.registry import list_mixers
 from ..models.distil import distilled_options
 from ..models.registry import list_models, resolve_model_options
+from ..precision import PRECISIONS
 from ..progress import progress_bar
 from ..runtime import retain_freed_memory, set_threads
 from ..table import format_table
@@ -64,6 +66,7 @@ SCALE = {  # --kinds scale (under torchrun)
     "models": ["tnn", "fd_tnn", "ski_tnn", "tcnca", "transformer"],
     "lengths": [16384, 32768, 65536],
     "model_dim": 256,
+    "depth": 4,
     "repeats": 3,
 }
 CHECK_LENGTH = 8  # every case runs once at this length before anything is measured
@@ -101,7 +104,12 @@ def add_bench(subparsers) -> None:
     parser.add_argument(
         "--processes", type=Lengths(), default=[1, 2, 4], help="--kinds scale: the context-parallel sizes measured (default: 1,2,4)"
     )
-    parser.add_argument("--depth", type=Integer(1), default=4, help="--kinds scale, serve: the models' depth (default: 4)")
+    parser.add_argument(
+        "--depth",
+        type=Integer(1),
+        default=None,
+        help="the models' depth (default: 2 for --kinds model, 4 for generate, scale and serve); layers are one block",
+    )
     parser.add_argument(
         "--concurrency", type=Lengths("client counts"), default=None, help="--kinds serve: concurrent streaming clients (default 1,4,16,64)"
     )
@@ -175,6 +183,23 @@ def add_bench(subparsers) -> None:
     parser.add_argument("--causal", type=Choice(["both", "yes", "no"]), default="both", help="directions measured (default: both)")
     parser.add_argument("--dtype", type=Choice(sorted(DTYPES)), default="float32", help="dtype of modules and inputs (default: float32)")
     parser.add_argument("--device", type=DEVICE, default="cpu", help="auto (CUDA when available), cpu or cuda[:N] (default: cpu)")
+    parser.add_argument(
+        "--precision",
+        type=Choice(list(PRECISIONS)),
+        default="fp32",
+        help="the forward under autocast to this compute dtype, parameters as --dtype (docs/training.md, mixed precision; default: fp32)",
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile each mixer, layer and model's blocks (--kinds mixer, layer, model); the first calls compile, untimed",
+    )
+    parser.add_argument(
+        "--compile-mode",
+        type=Choice(list(COMPILE_MODES)),
+        default="default",
+        help="torch.compile's mode with --compile (reduce-overhead: CUDA graphs too) (default: default)",
+    )
     parser.add_argument(
         "--repeats",
         type=Integer(1),
@@ -281,10 +306,17 @@ def bench_cases(args) -> list[Case]:
                 for length in lengths:
                     batch = case_batch(kind, length, args)
                     for variant, chosen in variants:
-                        cases.append(Case(kind, name, causal, length, dim, batch, args.dtype, args.device, chosen, limits, variant))
+                        case = Case(
+                            kind, name, causal, length, dim, batch, args.dtype, args.device, chosen, limits, variant, args.precision
+                        )
+                        compiled = args.compile and kind in TRAINING_KINDS
+                        cases.append(replace(case, compile=compiled, compile_mode=args.compile_mode, depth=args.depth))
         if kind == "generate_mixer":  # the distilled models' mixer beside the Toeplitz ones, at the same width and lengths
             for order, length in ((order, length) for order in args.distilled for length in lengths):
-                cases.append(Case(kind, "ssm", True, length, dim, 1, args.dtype, args.device, {"order": order}, limits, f"order {order}"))
+                options = {"order": order}
+                cases.append(
+                    Case(kind, "ssm", True, length, dim, 1, args.dtype, args.device, options, limits, f"order {order}", args.precision)
+                )
     return cases
 
 
@@ -314,7 +346,7 @@ def check_cases(cases: list[Case]) -> None:
         if key in seen:
             continue
         seen.add(key)
-        tiny = replace(case, length=CHECK_LENGTH, batch=1)
+        tiny = replace(case, length=CHECK_LENGTH, batch=1, compile=False)
         try:
             if case.kind in GENERATE_KINDS:
                 measure(tiny, repeats=1)  # the prefill, steps and recompute (tiled and direct) of 8 tokens
@@ -360,7 +392,10 @@ def run_bench(args) -> int:
         records.append(measurement.to_dict())
         if args.output:
             write_json_atomic(args.output, records)
-    machine = f"{platform.machine()}, {args.threads} threads, torch {torch.__version__}, {args.device}, {args.dtype}"
+    compiled = f", compiled ({args.compile_mode})" if args.compile else ""
+    machine = (
+        f"{platform.machine()}, {args.threads} threads, torch {torch.__version__}, {args.device}, {args.dtype}, {args.precision}{compiled}"
+    )
     print(f"# {machine}; batch*length {args.batch_tokens}, median of {args.repeats}; source {revision or 'not a git checkout'}")
     print(bench_tables(records))
     failed = [record for record in records if record["error"]]

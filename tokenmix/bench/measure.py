@@ -5,8 +5,9 @@ CPU peak memory is the peak resident set size of a fresh process during one trai
 over its resident size just before it (``tokenmix.bench.worker`` runs each case in its own
 process so measurements cannot pollute each other). CUDA uses ``max_memory_allocated``.
 
-The FFT floor of an FFT-based mixer is the fastest bare ``rfft`` + ``irfft`` round trip of the
-same data at the same FFT size N >= 2n, over the two layouts the data can be transformed in:
+The FFT floor of an FFT-based mixer is the fastest bare float32 ``rfft`` + ``irfft`` round trip of the
+same data at the same FFT size N >= 2n (whatever the case's precision: the mixers' FFTs run in float32),
+over the two layouts the data can be transformed in:
 along dim 1 of the (batch, length, channels) tensor as given (strided), and along the last dim of
 a contiguous channels-first copy (the copy not timed). Both are recorded; the floor is the minimum,
 so no mixer can honestly run below it. A 2-D mixer (``tno2d``) gets the 2-D round trip over its
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 
 from ..ops.fft import fast_fft_size
 from ..ops.toeplitz2d import fft_grid
+from ..precision import autocast
 from .cases import DTYPES, Case
 from .generate import measure_generate, measure_generate_mixer
 from .records import Measurement, Record, identity
@@ -109,8 +111,13 @@ def measure(case: Case, repeats: int = 7, profile: bool = False) -> Record:
     module.train()
     output_grad = torch.randn(case.output_shape, device=device, dtype=DTYPES[case.dtype])
 
+    def run(x: torch.Tensor) -> torch.Tensor:
+        with autocast(case.precision, device):
+            return module(x)
+
     def forward_backward():
-        torch.autograd.grad(module(train_inputs), targets, output_grad)
+        output = run(train_inputs)
+        torch.autograd.grad(output, targets, output_grad.to(output.dtype))
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -128,7 +135,7 @@ def measure(case: Case, repeats: int = 7, profile: bool = False) -> Record:
 
     def forward():
         with torch.no_grad():
-            return module(inputs)
+            return run(inputs)
 
     forward_ms = median_ms(forward, device, repeats)
     grid = module.grid_for(case.length) if callable(getattr(module, "grid_for", None)) else None  # a 2-D mixer's grid

@@ -11,7 +11,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 
 import torch
 
-from .cases import Case
+from .cases import GENERATE_DEPTH, MODEL_DEPTH, Case
 
 
 @dataclass(kw_only=True)
@@ -28,6 +28,10 @@ class Record:
     device: str
     threads: int
     torch: str
+    precision: str = "fp32"  # the compute dtype of the forward (autocast), records before it: fp32
+    compiled: bool = False  # torch.compile'd (mixer, layer, a model's blocks)
+    compile_mode: str | None = None  # torch.compile's mode when compiled
+    depth: int | None = None  # a model's blocks (kinds model and generate)
     retain_freed_memory: bool | None = None  # the allocator setting of the measuring process
     git_commit: str | None = None
     error: str | None = None
@@ -98,6 +102,8 @@ def identity(case: Case, device=None) -> dict:
     return dict(
         kind=case.kind, mixer=case.label, causal=case.causal, length=case.length, batch=case.batch, dim=case.dim,
         dtype=case.dtype, device=str(device or case.device), threads=torch.get_num_threads(), torch=torch.__version__,
+        precision=case.precision, compiled=case.compile, compile_mode=case.compile_mode if case.compile else None,
+        depth=(case.depth or (GENERATE_DEPTH if case.kind == "generate" else MODEL_DEPTH)) if case.kind in ("model", "generate") else None,
     )  # fmt: skip
 
 

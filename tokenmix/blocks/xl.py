@@ -138,7 +138,9 @@ class XlBlock(Configurable, nn.Module):
         remembered = torch.ones(x.shape[0], state.memory.shape[1], dtype=torch.bool, device=x.device)
         key_mask = torch.cat([remembered, state.segment_real, real], dim=1)
         normed = self.mixer_norm(context)
-        mixed = self.mixed_norm(self.mixer.mix_context(normed[:, -x.shape[1] :], normed, key_mask, state.position))
+        mixed = self.mixed_norm(
+            self.mixer.in_inner_precision(self.mixer.mix_context, normed[:, -x.shape[1] :], normed, key_mask, state.position)
+        )
         y = x + self.dropout(mixed)
         y = y + self.dropout(self.ffn(self.ffn_norm(y)))
         segment, segment_real = torch.cat([state.segment, x], dim=1), torch.cat([state.segment_real, real], dim=1)
@@ -166,7 +168,9 @@ class XlBlock(Configurable, nn.Module):
         prefix_real = torch.ones(x.shape[0], shard.stop, dtype=torch.bool, device=x.device) if prefix_real is None else prefix_real
         remembered = torch.ones(x.shape[0], state.memory.shape[1], dtype=torch.bool, device=x.device)
         key_mask = torch.cat([remembered, prefix_real], dim=1)
-        mixed = self.mixed_norm(self.mixer.mix_context(normed, context, key_mask, state.position + shard.start))
+        mixed = self.mixed_norm(
+            self.mixer.in_inner_precision(self.mixer.mix_context, normed, context, key_mask, state.position + shard.start)
+        )
         y = x + self.dropout(mixed)
         y = y + self.dropout(self.ffn(self.ffn_norm(y)))
         kept = min(self.memory_length, shard.length)

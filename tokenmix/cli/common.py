@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import unicodedata
 
-from ..fields import Existing, Integer, KeyValue
+from ..fields import Choice, Existing, Integer, KeyValue
+from ..precision import PRECISIONS
 from ..runtime import set_threads
 from ..train.config import DEVICE, TrainConfig
 
@@ -30,6 +31,15 @@ OPTION = KeyValue("KEY=VALUE")
 def add_threads_and_device(parser, device_default: str = "cpu", threads_default: str = "torch's choice") -> None:
     parser.add_argument("--threads", type=THREADS, default=None, help=f"torch CPU threads (default: {threads_default})")
     parser.add_argument("--device", type=DEVICE, default=device_default, help=f"{DEVICE_HELP} (default: {device_default})")
+
+
+def add_precision(parser) -> None:
+    parser.add_argument(
+        "--precision",
+        type=Choice(list(PRECISIONS)),
+        default="fp32",
+        help="run the model's forward passes in this compute dtype (autocast; the weights stay as saved; docs/training.md) (default: fp32)",
+    )
 
 
 def use_threads(args) -> None:

@@ -14,7 +14,7 @@ from ..train.evaluate import EVAL_BATCH, SCORES
 from ..train.objectives import objective_class, objective_for
 from ..train.runs import training_cost
 from ..version import __version__, source_revision
-from .common import RUN, add_threads_and_device, use_threads
+from .common import RUN, add_precision, add_threads_and_device, use_threads
 
 
 def add_parser(subparsers) -> None:
@@ -39,6 +39,7 @@ def add_parser(subparsers) -> None:
         "--json", type=Output("a JSON file to write", folder=False), default=None, metavar="FILE", help="also write the results as JSON"
     )
     add_threads_and_device(parser)
+    add_precision(parser)
     parser.set_defaults(handler=run_eval)
 
 
@@ -154,6 +155,7 @@ def run_eval(args) -> int:
         if args.lengths and runs[0][0].config.task == "classify":
             raise ValueError("--lengths applies to language models and recall; a classifier reads whole examples of the data's own lengths")
         for model, train_config, tokenizer, _ in runs:
+            model.precision = args.precision
             run_objective(model, train_config, tokenizer, train_config["seq_len"])  # the data is still where it was
     results = [_evaluate_run(*run, args) for run in runs]
     print(eval_report(results))

@@ -13,7 +13,7 @@ from ..errors import user_input
 from ..fields import Integer, Number, Text
 from ..generation import StopRule, check_sampling, generate, naive_generate
 from ..train.checkpoint import model_from_checkpoint
-from .common import DEMO_PROMPT, RUN, add_threads_and_device, escaped, printable, use_threads
+from .common import DEMO_PROMPT, RUN, add_precision, add_threads_and_device, escaped, printable, use_threads
 
 
 def add_parser(subparsers) -> None:
@@ -51,6 +51,7 @@ def add_parser(subparsers) -> None:
         help="CHECKPOINT is a folder written by `tokenmix export-hf`: generate with transformers' AutoModelForCausalLM (docs/hf.md)",
     )
     add_threads_and_device(parser)
+    add_precision(parser)
     parser.set_defaults(handler=run_generate)
 
 
@@ -110,6 +111,7 @@ def run_generate(args) -> int:
     with user_input():
         use_threads(args)
         model, train_config, tokenizer = model_from_checkpoint(args.checkpoint, args.device)
+        model.precision = args.precision
         if model.config.task != "lm":
             raise ValueError(f"generate needs a causal LM checkpoint (task 'lm'); {args.checkpoint!r} is task {model.config.task!r}")
         if tokenizer is None:

@@ -13,7 +13,7 @@ from ..errors import user_input
 from ..fields import ByteSize, Existing, Integer, Number, Text
 from ..runtime import available_cpus, release_freed_memory, set_threads
 from ..serve.loading import load_served
-from .common import add_threads_and_device
+from .common import add_precision, add_threads_and_device
 
 API_KEY_VARIABLE = "TOKENMIX_API_KEY"
 DEFAULT_CHOICES = 16
@@ -58,6 +58,7 @@ def add_parser(subparsers) -> None:
         "--drain-timeout", type=Number(0), default=30.0, help="seconds SIGTERM waits for running requests to finish (default: 30)"
     )
     add_threads_and_device(parser, threads_default="torch's, at most one fewer than the CPUs: one core is left to the HTTP server")
+    add_precision(parser)
     parser.add_argument(
         "--prefill-threads",
         type=Integer(1),
@@ -124,7 +125,7 @@ def run_serve(args) -> int:
     options = {"context": context, "max_batch": args.max_batch, "max_state_memory": args.max_state_memory, "chunk": args.chunk}
     options["prefix_min"] = args.prefix_cache_min
     options["prefill_threads"] = args.prefill_threads or available_cpus()
-    settings = {"served": args.checkpoint, "device": args.device, "threads": threads, "engine": options}
+    settings = {"served": args.checkpoint, "device": args.device, "precision": args.precision, "threads": threads, "engine": options}
     with user_input():
         engine = EngineProcess(settings)
     app = create_app(engine, tokenizer, args.model_name or name, api_key=api_key, limits=limits)

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ..ops.toeplitz import naive_toeplitz_matrix
+from ..precision import run_in_inner_precision
 from ..state import StreamState, check_state
 from ..validation import check_finite, check_int, finite_checks_enabled
 from .parts import Configurable
@@ -116,6 +117,10 @@ class Mixer(Configurable, nn.Module):
     ending with them, the memory a Transformer-XL block keeps (causal mixers only)."""
     normalize_output = False
     """Its outputs are sums that grow with its reach: a Transformer-XL block normalizes them (FNet's post-Fourier LayerNorm)."""
+    inner_precision = "autocast"
+    """Under a caller's autocast (mixed precision), how ``mix`` and ``step`` run: "autocast" (its products in the
+    compute dtype), "float32" (autocast off, on the input cast to float32: FFT products, kernels over long lags) or
+    "input" (autocast off, in the input's dtype); the output keeps the input's dtype (``tokenmix.precision``)."""
 
     @property
     def channel_independent(self) -> bool:
@@ -178,7 +183,12 @@ class Mixer(Configurable, nn.Module):
             check_finite(x, mask)
         if x.shape[0] == 0:
             return x * 0  # nothing to mix; keeps the autograd graph
-        return self.mix(zero_padding(x, mask), mask, **mix_options)
+        return self.in_inner_precision(self.mix, zero_padding(x, mask), mask, **mix_options)
+
+    def in_inner_precision(self, function, x: torch.Tensor, *args, **kwargs):
+        """``function(x, ...)`` (this mixer's ``mix``, ``step_chunk``, ``mix_channels`` or ``mix_context``) in its
+        ``inner_precision``, the result in x's dtype."""
+        return run_in_inner_precision(self.inner_precision, function, x, *args, **kwargs)
 
     def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -224,8 +234,17 @@ class Mixer(Configurable, nn.Module):
     def step(self, x: torch.Tensor, state: StreamState, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, StreamState]:
         """The outputs for the next chunk x (batch, k, dim) of the stream, and the state after it."""
         check_sequence(x, self.dim, mask)
+        return self.in_inner_precision(self._checked_step, zero_padding(x, mask), state, mask)
+
+    def _checked_step(self, x: torch.Tensor, state: StreamState, mask: torch.Tensor | None) -> tuple[torch.Tensor, StreamState]:
+        """``step_chunk`` after checking the state against x as the mixer computes on it (float32 under autocast
+        for an ``inner_precision`` of "float32"). Under autocast a mixer of the "autocast" kind reads x in the dtype
+        its state holds: the ops choose the activations' dtypes there, while a stream keeps the one it was made in."""
+        dtypes = state.floating_dtypes if isinstance(state, StreamState) else set()
+        if self.inner_precision == "autocast" and torch.is_autocast_enabled(x.device.type) and len(dtypes) == 1:
+            x = x.to(*dtypes)
         check_state(state, self.state_type, x.shape[0], self.state_dtype(x.dtype), f"this {self.dim}-channel {type(self).__name__}")
-        return self.step_chunk(zero_padding(x, mask), state, mask)
+        return self.step_chunk(x, state, mask)
 
     def empty_state(
         self, batch_size: int, device: torch.device, dtype: torch.dtype, max_length: int | None

@@ -3,7 +3,8 @@ weights, the taps of streaming), so inference does not rebuild an operator on ev
 
 A value derived from weights is keyed also by every parameter's storage and in-place version: an
 optimizer step, ``load_state_dict``, ``.to()`` or any in-place edit makes it stale. Under autograd
-it is computed afresh and nothing is kept, so gradients reach the weights.
+it is computed afresh and nothing is kept, so gradients reach the weights; nor under ``torch.compile``,
+whose graph computes it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ class Cache:
     def get(self, key, compute: Callable, *, weights: nn.Module | None = None, usable: Callable | None = None):
         """``compute()``, kept under ``key``. ``weights``: the module whose weights it reads (then keyed by
         their versions too, and not kept under autograd); ``usable(value)``: whether a kept value serves
-        this call (else it is computed again)."""
+        this call (else it is computed again). Inside ``torch.compile`` nothing is kept: the traced values are not tensors
+        a later call could use."""
+        if torch.compiler.is_compiling():
+            return compute()
         if weights is not None:
             if torch.is_grad_enabled():
                 self.clear()

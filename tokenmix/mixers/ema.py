@@ -45,6 +45,7 @@ class Ema(ToeplitzOperator, ChannelSliced, Mixer):
 
     options_type = EmaOptions
     fft_based = True
+    inner_precision = "float32"  # the EMA kernel (powers of the damping) and its FFT product
     no_weight_decay = ("delta", "alpha", "beta", "gamma")
     padding_invariant_sides = PADDING_SIDES  # the kernel depends on the lag only
     bounded_state = True  # N values per channel

@@ -48,6 +48,7 @@ class FdTno(ToeplitzStreaming, ToeplitzOperator, ChannelSliced, Mixer):
 
     options_type = FdTnoOptions
     fft_based = True
+    inner_precision = "float32"  # the RPE reads frequencies, the product is an FFT one
     taps_depend_on_length = True  # the RPE is sampled on the FFT grid of the length
 
     def __init__(self, dim: int, causal: bool = False, **options):

@@ -26,6 +26,7 @@ class SequenceFourier:
     real = d, the two halves of the output add up to Re(FFT z), as Re(F (a + ib)) = Re(F a) - Im(F b)."""
 
     sequence_split = "channels"
+    inner_precision = "float32"  # as a mixer's (``Mixer.inner_precision``): its FFT in float32
 
     def __init__(self, dim: int, real: int):
         self.dim, self.real = dim, real
@@ -50,6 +51,7 @@ class Fnet(Mixer):
 
     options_type = FnetOptions
     fft_based = True
+    inner_precision = "float32"  # FFTs over the sequence and the hidden dimension
     causal_modes = (False,)
 
     def __init__(self, dim: int, causal: bool = False, **options):
@@ -105,6 +107,7 @@ class FnetAr(Mixer):
     mixes_context = True
     normalize_output = True
     state_type = FnetArState
+    inner_precision = "float32"  # DFT rows of window W over the window buffer
     padding_invariant_sides = ("right",)  # a token's DFT row is its position counted from the first token
 
     @property

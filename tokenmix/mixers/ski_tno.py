@@ -34,7 +34,7 @@ from torch import nn
 
 from ..fields import Choice, Integer, Number, setting
 from ..ops.band import band_matvec, naive_band_matrix
-from ..ops.fft import fast_fft_size
+from ..ops.fft import convolution_fft_size
 from ..ops.interpolation import DEGREES, check_interpolation
 from ..ops.ski import (
     dense_interpolation,
@@ -85,6 +85,7 @@ class SkiTno(ToeplitzStreaming, ChannelSliced, Mixer):
 
     options_type = SkiTnoOptions
     no_weight_decay = ("band",)
+    inner_precision = "float32"  # the time warp decay^|t| and the interpolation weights; FFT products
 
     def __init__(self, dim: int, causal: bool = False, **options):
         super().__init__(dim, causal, **options)
@@ -154,7 +155,7 @@ class SkiTno(ToeplitzStreaming, ChannelSliced, Mixer):
         return torch.cat([hats, one_hot], dim=1)
 
     def _causal_basis_spectrum(self, n: int, device, dtype: torch.dtype) -> torch.Tensor:
-        return toeplitz_spectrum(self._causal_basis(n, device).to(dtype), n, causal=True, fft_size=fast_fft_size(2 * n))
+        return toeplitz_spectrum(self._causal_basis(n, device).to(dtype), n, causal=True, fft_size=convolution_fft_size(2 * n))
 
     def _causal_values(self) -> torch.Tensor:
         return torch.cat([self.rpe.values(), self.taps.t()], dim=0)
@@ -191,11 +192,11 @@ class SkiTno(ToeplitzStreaming, ChannelSliced, Mixer):
         if self.causal:
             basis_spectrum = self._for_length(self._causal_basis_spectrum, n, x.device, self.band.dtype)
             return cached_or_factored_matvec(
-                self._cache, self, x, n, fast_fft_size(2 * n), lambda: (basis_spectrum, self._causal_values()), channels
+                self._cache, self, x, n, convolution_fft_size(2 * n), lambda: (basis_spectrum, self._causal_values()), channels
             )
         kernel = self.inducing_kernel(n, channels)
-        if self.uses_sparse_path(n) and self.degree == 1:
-            low_rank = ski_linear_matvec(x, kernel)
+        if self.uses_sparse_path(n) and self.degree == 1 and not torch.compiler.is_compiling():
+            low_rank = ski_linear_matvec(x, kernel)  # native upsampling kernels, whose backward torch.compile cannot trace
         elif self.uses_sparse_path(n):
             low_rank = ski_sparse_matvec(x, *self._for_length(self._sparse_weights, n, x.device, self.band.dtype), kernel)
         else:

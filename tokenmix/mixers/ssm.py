@@ -51,6 +51,7 @@ class Ssm(ToeplitzOperator, ChannelSliced, Mixer):
     options_type = SsmOptions
     causal_modes = (True,)
     fft_based = True
+    inner_precision = "float32"  # powers of complex poles and their FFT product
     channelwise_linear = True
     bounded_state = True
     padding_invariant_sides = PADDING_SIDES  # the kernel depends on the lag only

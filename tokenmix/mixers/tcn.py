@@ -82,6 +82,7 @@ class Tcn(ChannelSliced, Mixer):
     options_type = TcnOptions
     no_weight_decay = ("taps", "bias")
     bounded_state = True  # the receptive field's last inputs per layer
+    inner_precision = "input"  # the depthwise convolution takes one dtype for input and taps
 
     def __init__(self, dim: int, causal: bool = False, **options):
         super().__init__(dim, causal, **options)

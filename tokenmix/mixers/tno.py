@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..fields import Flag, Number, setting
-from ..ops.fft import fast_fft_size
+from ..ops.fft import convolution_fft_size
 from ..ops.toeplitz import complex_readout, factored_spectral_matvec, spectral_matvec, toeplitz_spectrum
 from ..options import Options
 from .base import PADDING_SIDES, ChannelSliced, Mixer, ToeplitzOperator
@@ -97,6 +97,7 @@ class Tno(ToeplitzStreaming, ToeplitzOperator, ChannelSliced, Mixer):
     options_type = TnoOptions
 
     fft_based = True  # benchmarks compare it with a bare rfft + irfft round trip
+    inner_precision = "float32"  # FFT products; the RPE reads lags up to n - 1
     padding_invariant_sides = PADDING_SIDES  # t_k depends on the lag k only
 
     def __init__(self, dim: int, causal: bool = False, **options):
@@ -129,7 +130,7 @@ class Tno(ToeplitzStreaming, ToeplitzOperator, ChannelSliced, Mixer):
 
     def mix_channels(self, x: torch.Tensor, mask: torch.Tensor | None, channels: slice) -> torch.Tensor:
         n = x.shape[1]
-        fft_size = fast_fft_size(2 * n)
+        fft_size = convolution_fft_size(2 * n)
         if self.factored:
             return cached_or_factored_matvec(self._cache, self, x, n, fft_size, lambda: self.spectrum_factors(n, fft_size), channels)
         key = (n, channels.start, channels.stop)

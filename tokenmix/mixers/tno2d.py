@@ -116,6 +116,7 @@ class Tno2d(GridMixer):
 
     options_type = Tno2dOptions
     fft_based = True
+    inner_precision = "float32"  # 2-D FFT products; the RPE reads offsets up to the grid's size
     channel_slices = True  # a channel's kernel is its column of the RPE's output layer
 
     def __init__(self, dim: int, causal: bool = False, **options):

@@ -29,6 +29,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from ..mixers.base import check_mask, common_front_padding_period, common_padding_sides
+from ..precision import autocast, check_precision
 from ..state import StreamState, check_state
 from ..validation import check_int
 from .config import ModelConfig
@@ -108,6 +109,18 @@ class SequenceModel(nn.Module):
 
     no_weight_decay = ("embedding.weight",)  # tied with the output layer
     activation_checkpointing = False  # training sets it: blocks recompute their activations in the backward pass
+    _precision = "fp32"
+
+    @property
+    def precision(self) -> str:
+        """ "fp32", "bf16" or "fp16": the forward runs under autocast to that compute dtype (``tokenmix.precision``);
+        the parameters keep theirs, and logits and class scores come out in float32. Set it to run a model in
+        mixed precision: ``model.precision = "bf16"``."""
+        return self._precision
+
+    @precision.setter
+    def precision(self, value: str) -> None:
+        self._precision = check_precision(value)
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -223,9 +236,14 @@ class SequenceModel(nn.Module):
         if state is None and return_state:
             check_tokens(tokens, self.config.vocab_size, mask)
             state = self.init_state(tokens.shape[0], device=tokens.device)
-        h, next_state = self.hidden_states(tokens, mask, state, run)
-        logits = self.token_logits(h)
+        with autocast(self.precision, tokens.device):
+            h, next_state = self.hidden_states(tokens, mask, state, run)
+            logits = self._full_precision(self.token_logits(h))
         return (logits, next_state) if return_state else logits
+
+    def _full_precision(self, scores: torch.Tensor) -> torch.Tensor:
+        """Logits or class scores in float32 when computed in mixed precision (the loss and sampling read them)."""
+        return scores if self.precision == "fp32" else scores.float()
 
     def classify(self, tokens: torch.Tensor, mask: torch.Tensor | None = None, run: PartRun | None = None) -> torch.Tensor:
         """Class logits (batch, num_classes) of tokens (batch, length), or (batch, 2, length) for the dual
@@ -237,23 +255,25 @@ class SequenceModel(nn.Module):
                 raise ValueError(f"tokens must be (batch, {documents}, length) for a model of documents={documents}, got {shape}")
             check_mask(mask, tuple(tokens.shape))
             tokens, mask = tokens.flatten(0, 1), None if mask is None else mask.flatten(0, 1)
-        h, _ = self.hidden_states(tokens, mask, run=run)
-        pooled = pool_hidden(h, mask, self.config.pool) if run is None else run.pool(h, self.config.pool)
-        if documents > 1:
-            u, v = pooled.view(-1, documents, pooled.shape[-1]).unbind(1)
-            pooled = torch.cat([u, v, u * v, u - v], dim=-1)
-        return self.classifier(pooled)
+        with autocast(self.precision, tokens.device):
+            h, _ = self.hidden_states(tokens, mask, run=run)
+            pooled = pool_hidden(h, mask, self.config.pool) if run is None else run.pool(h, self.config.pool)
+            if documents > 1:
+                u, v = pooled.view(-1, documents, pooled.shape[-1]).unbind(1)
+                pooled = torch.cat([u, v, u * v, u - v], dim=-1)
+            return self._full_precision(self.classifier(pooled))
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
     def with_options(self, **changes) -> SequenceModel:
         """A copy with these weights under the options changed (an XL model's ``segment_length``), on the
-        same device and dtype, in eval mode."""
+        same device and dtype and in the same precision, in eval mode."""
         config = ModelConfig.from_dict({**self.config.to_dict(), "options": {**self.config.options, **changes}})
         parameter = next(self.parameters())
         copy = SequenceModel(config).to(parameter.device, parameter.dtype).eval()
         copy.load_state_dict(self.state_dict())
+        copy.precision = self.precision
         return copy
 
     def save_pretrained(self, directory) -> None:

@@ -253,14 +253,14 @@ def cached_attention(
         start = cache.position
         room = n - done if chunk_size is None else chunk_size - start % chunk_size
         if chunk_size is not None and start % chunk_size == 0:
-            cache = empty_cache(batch, q.shape[1], k.shape[-1], v.shape[-1], q.device, q.dtype)
+            cache = empty_cache(batch, q.shape[1], k.shape[-1], v.shape[-1], q.device, cache.keys.dtype)
             cache.position = start
         size = min(room, n - done)
         q_piece, k_piece = q[..., done : done + size, :], k[..., done : done + size, :]
         if rotate is not None:
             q_piece, k_piece = rotate(q_piece, k_piece, start)
-        keys = torch.cat([cache.keys, k_piece], dim=2)
-        values = torch.cat([cache.values, v[..., done : done + size, :]], dim=2)
+        keys = torch.cat([cache.keys, k_piece.to(cache.keys.dtype)], dim=2)  # the cache keeps its dtype (under autocast too)
+        values = torch.cat([cache.values, v[..., done : done + size, :].to(cache.values.dtype)], dim=2)
         key_real = torch.cat([cache.real, real[:, done : done + size]], dim=1)
         query_positions = torch.arange(start, start + size, device=q.device)
         key_positions = torch.arange(start + size - keys.shape[2], start + size, device=q.device)

@@ -10,7 +10,8 @@ the channels-last image (batch, channels, R, delta): token i = a delta + r sits 
 r, and the dilated convolution is an undilated one down the rows, y[a, r] = sum_k f_k x[a - l0 - k, r].
 Forward and input gradient run as oneDNN depthwise convolutions on that view, without copies;
 the filter gradient, which PyTorch computes slowly for depthwise convolutions on CPU, is a batched
-matmul over row blocks of channel-major copies.
+matmul over row blocks of channel-major copies. Inside ``torch.compile`` the convolution keeps its own
+backward, which the compiler derives and fuses.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..precision import without_autocast
 from ..validation import check_int
 
 _FILTER_GRAD_BLOCK = 32  # row block of the filter gradient (measured best on 2 CPU cores)
@@ -49,7 +51,7 @@ def _phase_image(x: torch.Tensor, dilation: int) -> torch.Tensor:
     """(batch, n, d) -> the channels-last view (batch, d, R, dilation), x zero-padded to R * dilation tokens."""
     batch, n, d = x.shape
     rows = -(-n // dilation)
-    if rows * dilation != n:
+    if torch.compiler.is_compiling() or rows * dilation != n:  # compiled: no branch on the length's remainder
         x = F.pad(x, (0, 0, 0, rows * dilation - n))
     return x.contiguous().view(batch, rows, dilation, d).permute(0, 3, 1, 2)
 
@@ -115,12 +117,14 @@ class _BandConvolution(torch.autograd.Function):
     x, f and dL/dy, so with create_graph=True autograd records them: exactly twice differentiable."""
 
     @staticmethod
+    @without_autocast
     def forward(ctx, x, taps, min_lag, dilation):
         ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, taps)
         ctx.min_lag, ctx.dilation = min_lag, dilation
         return _band_forward(x, taps, min_lag, dilation)
 
     @staticmethod
+    @without_autocast
     def backward(ctx, grad_y):
         x, taps = ctx.saved_tensors
         m, min_lag, dilation = taps.shape[1], ctx.min_lag, ctx.dilation
@@ -135,6 +139,8 @@ class _BandConvolution(torch.autograd.Function):
 def band_matvec(x: torch.Tensor, taps: torch.Tensor, min_lag: int, dilation: int = 1) -> torch.Tensor:
     """y_i = sum_k f_k x_{i - (min_lag + k) dilation} per channel; taps (d, m), lags min_lag ... min_lag + m - 1."""
     _check_band(x, taps, min_lag, dilation)
+    if torch.compiler.is_compiling():  # the convolution's own backward: the compiler derives and fuses it
+        return _band_forward(x, taps, min_lag, dilation)
     return _BandConvolution.apply(x, taps, min_lag, dilation)
 
 

@@ -22,7 +22,8 @@ def dilated_conv(x: torch.Tensor, taps: torch.Tensor, dilation: int, min_lag: in
     check_int(dilation, "dilation")
     if x.dim() == 3 and taps.dim() == 2 and -(taps.shape[1] - 1) <= min_lag <= 0:
         rows = -(-x.shape[1] // dilation)
-        first, last = max(min_lag, 1 - rows), min(min_lag + taps.shape[1] - 1, rows - 1)
+        first = min_lag if min_lag >= 1 - rows else 1 - rows  # comparisons, not max/min: simple guards under torch.compile
+        last = min_lag + taps.shape[1] - 1 if min_lag + taps.shape[1] - 1 <= rows - 1 else rows - 1
         taps, min_lag = taps[:, first - min_lag : last - min_lag + 1], first
     return band_matvec(x, taps, min_lag, dilation)
 

@@ -3,14 +3,15 @@
 Module boundaries are (batch, length, channels), but an FFT along the length runs fastest on
 contiguous rows, so the FFT mixers transpose (and zero-pad to the FFT size N) first. On CPU,
 PyTorch's generic strided copy does that transposition more slowly than its blocked 2-D transpose
-(used when a whole transposed matrix is copied into a contiguous one), so ``channels_first`` cuts
-x into token blocks, transposes each block into a small buffer that stays in cache, and copies the
-buffer's rows into place. It does so in the caller's thread: torch ops run from other live threads
-give each of them an OpenMP team of its own, and once a process holds more OpenMP threads than
-CPUs, libgomp stops spinning between parallel regions, which made every later small operation
-3-5x slower (a 16-row linear layer: 14 -> 50-80 us with 2 threads on 2 cores, after one TNN
-forward over 4224 tokens; the serve engine and batched decoding ran that way). Other devices, and
-small tensors, take the plain copy, which is also the reference.
+(used when a whole transposed matrix is copied into a contiguous one), so ``channels_first`` cuts x
+into token blocks, transposes each block into a small buffer that stays in cache, and copies the
+buffer's rows into place (not inside ``torch.compile``, whose graph would fix every loop bound). It
+does so in the caller's thread: torch ops run from other live threads give each of them an OpenMP
+team of its own, and once a process holds more OpenMP threads than CPUs, libgomp stops spinning
+between parallel regions, which made every later small operation 3-5x slower (a 16-row linear layer:
+14 -> 50-80 us with 2 threads on 2 cores, after one TNN forward over 4224 tokens; the serve engine
+and batched decoding ran that way). Other devices, and small tensors, take the plain copy, which is
+also the reference.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def channels_first(x: torch.Tensor, length: int) -> torch.Tensor:
     batch, n, d = x.shape
     if length < n:
         raise ValueError(f"length must be >= the sequence length {n}, got {length}")
-    if x.transpose(1, 2).is_contiguous() or x.device.type != "cpu" or x.numel() < MIN_BLOCKED_ELEMENTS:
+    plain = x.device.type != "cpu" or x.numel() < MIN_BLOCKED_ELEMENTS or torch.compiler.is_compiling()  # a loop would fix the shape
+    if plain or x.transpose(1, 2).is_contiguous():
         return naive_channels_first(x, length)
     x = x.contiguous()
     out = x.new_empty(batch, d, length)

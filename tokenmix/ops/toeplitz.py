@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from .fft import fast_fft_size, hermitian_weights, spectral_dtype
+from ..precision import without_autocast
+from .fft import convolution_fft_size, hermitian_weights, spectral_dtype
 from .forms import OpForms, register_op, without_state
 from .layout import channels_first
 from .second_order import double_backward_enabled
@@ -49,7 +50,7 @@ def circulant_layout(kernel: torch.Tensor, n: int, fft_size: int, causal: bool) 
 
 def toeplitz_spectrum(kernel: torch.Tensor, n: int, causal: bool, fft_size: int | None = None) -> torch.Tensor:
     """rfft of the circulant embedding, channels first: (d, N/2 + 1) complex, float32 or float64."""
-    fft_size = fft_size or fast_fft_size(2 * n)
+    fft_size = fft_size or convolution_fft_size(2 * n)
     layout = circulant_layout(kernel.to(spectral_dtype(kernel.dtype)), n, fft_size, causal)
     return torch.fft.rfft(layout.t(), dim=-1)
 
@@ -133,6 +134,7 @@ class _SpectralConvolution(torch.autograd.Function):
     """
 
     @staticmethod
+    @without_autocast
     def forward(ctx, x: torch.Tensor, spectrum: torch.Tensor, fft_size: int) -> torch.Tensor:
         keep_input = ctx.needs_input_grad[1]
         y, x_freq = _convolve(ctx, x, spectrum, fft_size, keep_input)
@@ -140,6 +142,7 @@ class _SpectralConvolution(torch.autograd.Function):
         return y
 
     @staticmethod
+    @without_autocast
     def backward(ctx, grad_y: torch.Tensor):
         x, x_freq, spectrum = ctx.saved_tensors
         grad_x, products = _backward_products(
@@ -170,6 +173,7 @@ class _FactoredSpectralConvolution(torch.autograd.Function):
     """
 
     @staticmethod
+    @without_autocast
     def forward(ctx, x: torch.Tensor, basis: torch.Tensor, readout: torch.Tensor, fft_size: int) -> torch.Tensor:
         keep_input = any(ctx.needs_input_grad[1:3])
         spectrum = complex_readout(basis, readout)
@@ -178,6 +182,7 @@ class _FactoredSpectralConvolution(torch.autograd.Function):
         return y
 
     @staticmethod
+    @without_autocast
     def backward(ctx, grad_y: torch.Tensor):
         x, x_freq, spectrum, basis, readout = ctx.saved_tensors
         grad_x, products = _backward_products(
@@ -198,7 +203,10 @@ class _FactoredSpectralConvolution(torch.autograd.Function):
 
 
 def _batch_sum_of_products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """sum_b a[b] * b[b] without a (batch, ...) temporary."""
+    """sum_b a[b] * b[b] without a (batch, ...) temporary (inside ``torch.compile``, whose graph would fix the batch
+    size of a loop, with one)."""
+    if torch.compiler.is_compiling():
+        return (a * b).sum(0)
     total = a[0] * b[0]
     for index in range(1, a.shape[0]):
         total.addcmul_(a[index], b[index])
@@ -238,7 +246,7 @@ def toeplitz_matvec(x: torch.Tensor, kernel: torch.Tensor, causal: bool) -> torc
     _check_kernel(kernel, n, causal)
     if kernel.shape[1] != x.shape[2]:
         raise ValueError(f"kernel has {kernel.shape[1]} channels but x has {x.shape[2]}")
-    fft_size = fast_fft_size(2 * n)
+    fft_size = convolution_fft_size(2 * n)
     return spectral_matvec(x, toeplitz_spectrum(kernel, n, causal, fft_size), fft_size)
 
 

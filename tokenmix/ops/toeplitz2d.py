@@ -15,11 +15,9 @@ in O(HW log HW) per channel. FFTs run in float32 (float64 stays float64); the re
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from .fft import fast_fft_size, spectral_dtype
+from .fft import convolution_fft_size, spectral_dtype
 from .forms import OpForms, register_op, without_state
 
 
@@ -28,13 +26,15 @@ def near_square_grid(length: int) -> tuple[int, int]:
     grid holding ``length`` tokens (exactly square for square lengths)."""
     if length < 1:
         raise ValueError(f"length must be >= 1, got {length}")
-    width = math.isqrt(length - 1) + 1
+    width = 1
+    while width * width < length:  # ceil(sqrt(length)) by comparisons: under torch.compile, one graph per width
+        width += 1
     return -(-length // width), width
 
 
 def fft_grid(grid: tuple[int, int]) -> tuple[int, int]:
     """The FFT sizes (N_H, N_W): fast sizes >= (2H - 1, 2W - 1)."""
-    return fast_fft_size(2 * grid[0] - 1), fast_fft_size(2 * grid[1] - 1)
+    return convolution_fft_size(2 * grid[0] - 1), convolution_fft_size(2 * grid[1] - 1)
 
 
 def kernel_grid(kernel: torch.Tensor) -> tuple[int, int]:

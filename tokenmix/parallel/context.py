@@ -27,6 +27,7 @@ from torch import nn
 
 from ..mixers.base import zero_padding
 from ..models.model import SequenceModel, pooling_weights
+from ..precision import run_in_inner_precision
 from .exchange import exchange
 from .ring import ring_attention
 from .shards import ContextShard, shard_bounds
@@ -109,7 +110,7 @@ class ContextRun:
         shapes = [(x.shape[0], stop - start, high - low) for start, stop in shard.bounds]
         whole = torch.cat(exchange([x[..., a:b] for a, b in channel_bounds], shapes, shard.group), dim=1)
         mask = self.mask_of(0, shard.length)
-        y = part.mix_channels(zero_padding(whole, mask), mask, slice(low, high))
+        y = run_in_inner_precision(part.inner_precision, part.mix_channels, zero_padding(whole, mask), mask, slice(low, high))
         shapes = [(x.shape[0], shard.stop - shard.start, b - a) for a, b in channel_bounds]
         return torch.cat(exchange([y[:, start:stop] for start, stop in shard.bounds], shapes, shard.group), dim=-1)
 

@@ -208,6 +208,7 @@ def serve_engine(requests, events, settings: dict) -> None:
     try:
         set_threads(settings["threads"])
         model, tokenizer, _ = load_served(settings["served"], settings["device"])
+        model.precision = settings["precision"]
         engine = Engine(model, tokenizer.token_bytes, **settings["engine"])
     except (ValueError, RuntimeError) as error:
         events.send(("error", str(error)))

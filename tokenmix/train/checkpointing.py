@@ -49,6 +49,7 @@ class CheckpointedRun:
             "model": {} if self.config.fsdp else self.model.state_dict(),
             "optimizer": {} if self.config.fsdp else self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
+            "grad_scaler": self.scaler.state_dict(),  # fp16's loss scale and its growth tracker; empty otherwise
             "step": self.step,
             "total_steps": self.total_steps,
             "train_seconds": self.train_seconds,
@@ -122,6 +123,8 @@ class CheckpointedRun:
         else:
             load_weights(self.model, state["model"], f"checkpoint {str(path)!r}")
             load_optimizer_state(self.optimizer, self.scheduler, state, path)
+        if state.get("grad_scaler"):
+            self.scaler.load_state_dict(state["grad_scaler"])
         self.step, self.total_steps = state["step"], state["total_steps"]
         self.train_seconds = state.get("train_seconds", 0.0)
         self.resumes = list(state.get("resumes", []))

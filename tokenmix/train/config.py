@@ -12,6 +12,7 @@ from ..fields import Choice, Existing, Integer, Number, Output, Parsed, check_se
 from ..mixers.parts import find_option
 from ..models.config import POOLS, ModelConfig
 from ..models.registry import list_models, resolve_model_options
+from ..precision import PRECISIONS
 from .recipes import list_recipes
 from .schedule import SCHEDULES
 
@@ -85,6 +86,13 @@ class TrainConfig:
         False, None, "shard parameters, gradients and optimizer state over the torchrun processes (FSDP2); checkpoints become sharded"
     )
     activation_checkpointing: bool = setting(False, None, "recompute each block's activations in the backward pass instead of keeping them")
+    precision: str = setting(
+        "fp32",
+        Choice(list(PRECISIONS)),
+        "compute dtype of the forward passes (autocast); parameters and optimizer state stay fp32, FFT products run in fp32, "
+        "fp16 scales the loss (docs/training.md)",
+    )
+    compile: bool = setting(False, None, "torch.compile each block, forward and backward (docs/training.md); the first steps compile")
     eval_every: int = setting(150, Integer(1), "validate every this many steps, on --eval-tokens tokens")
     eval_tokens: int = setting(32768, Integer(1), "validation tokens of each periodic evaluation")
     final_eval_tokens: int | None = setting(
@@ -123,6 +131,16 @@ class TrainConfig:
             )
         if self.seq_len < self.context_parallel:
             raise ValueError(f"seq_len={self.seq_len} gives fewer tokens than the {self.context_parallel} processes that would share them")
+        if self.precision == "fp16" and self.fsdp:
+            raise ValueError(
+                "precision 'fp16' with --fsdp: fp16 needs a loss scaler whose overflow check agrees over the shards, which "
+                "tokenmix does not have for FSDP2; use --precision bf16 (no loss scaling needed) or train without --fsdp"
+            )
+        if self.compile and self.context_parallel > 1:
+            raise ValueError(
+                "--compile with --context-parallel: the exchanges between processes run inside the blocks, which a compiled "
+                "block cannot hold; train without --compile, or without --context-parallel"
+            )
         if not isinstance(self.options, dict):
             raise ValueError(f"options must be a dict of model options, got {type(self.options).__name__}")
 

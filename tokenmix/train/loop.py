@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from ..compilation import compile_blocks
 from ..data.batches import StreamBatches, step_generator, step_seed
 from ..data.provenance import record_reads
 from ..data.sources import DataSource, load_data
@@ -134,6 +135,7 @@ class Trainer(CheckpointedRun):
             check_world_size(checkpoint, self.context.world_size, self.out / CHECKPOINT_FILE)
         self.model.to(self.device)
         self.model.activation_checkpointing = config.activation_checkpointing
+        self.model.precision = config.precision
         self.split: ContextParallel | None = None  # the model on this process's shard of each sequence
         self.evaluated = self.model  # what evaluation runs: the model, or split as in training with every logit gathered
         if config.context_parallel > 1:
@@ -154,14 +156,17 @@ class Trainer(CheckpointedRun):
                 if self.tokenizer is not None:
                     self.tokenizer.save(self.out / TOKENIZER_FILE)
         self.context.barrier()
+        if config.compile:  # after the memory estimate (eager: a probe's other batch sizes would compile too), before FSDP or DDP
+            compile_blocks(self.model)
         self.trained = self.model
         if config.fsdp:
-            shard_model(self.model, self.context.shard_mesh)
+            shard_model(self.model, self.context.shard_mesh, config.precision)
             self.trained = self.split or self.model
         elif self.context.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.trained = torch.nn.parallel.DistributedDataParallel(self.split or self.model, device_ids=ids)
         self.optimizer = build_optimizer(self.model, config.lr, config.weight_decay, (config.beta1, config.beta2))
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")  # fp16's dynamic loss scaling
         self.step = 0
         self.last_evaluation: tuple | None = None  # (what was read at which step, its metrics): see ``evaluate``
         self.total_steps = config.steps
@@ -253,10 +258,12 @@ class Trainer(CheckpointedRun):
             loss = self.loss_of(logits, targets, inputs.shape[-1])
             tokens = inputs.numel()
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        self.scaler.scale(loss).backward()
         if self.config.grad_clip > 0:
+            self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
-        self.optimizer.step()
+        self.scaler.step(self.optimizer)  # skipped (fp16) when a gradient overflowed; the scale then shrinks
+        self.scaler.update()
         self.scheduler.step()
         self.step += 1
         return loss.item(), tokens

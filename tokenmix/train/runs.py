@@ -22,10 +22,10 @@ METRICS_FILE = "metrics.jsonl"
 MODEL_DIRECTORY = "model"
 RUN_FILES = (CHECKPOINT_FILE, SHARDS_DIRECTORY, METRICS_FILE, MODEL_DIRECTORY, TOKENIZER_FILE)
 # Settings a resume may change: how long to train, how to watch and save the run, where it lives and
-# how its work is spread over processes.
+# how its work is spread over processes or compiled. The precision is kept: a run resumed in another would not continue it exactly.
 RESUMABLE = (
     "steps", "minutes", "eval_every", "eval_tokens", "final_eval_tokens", "save_every", "threads", "device", "check_finite", "out",
-    "context_parallel", "fsdp", "activation_checkpointing",
+    "context_parallel", "fsdp", "activation_checkpointing", "compile",
 )  # fmt: skip
 
 

@@ -1,0 +1,98 @@
+"""Compiled mixers and blocks (``tokenmix.compilation``) over the registries: captured whole (``fullgraph``),
+forward and backward, with eager's numbers, and without a recompilation per length.
+
+Graphs are captured by Dynamo and differentiated by AOTAutograd, then run as captured ("aot_eager"): that
+decides whether a module compiles whole and how often. Inductor's code generation, the default backend,
+runs once here, through ``tokenmix train --compile``.
+"""
+
+import copy
+import json
+
+import pytest
+import torch
+from conftest import LENGTHS, TINY_RUN, relative_error
+from test_contracts import MODES, mixer
+from torch._dynamo.utils import counters
+
+import tokenmix
+from tokenmix.bench import Case
+from tokenmix.cli import main
+from tokenmix.compilation import check_compile_mode, compile_blocks, compile_forward
+from tokenmix.models.registry import list_models, model_spec, resolve_model_options
+from tokenmix.train import load_checkpoint
+
+BACKEND = "aot_eager"
+SHARED_LENGTHS = (1001, 1003, 1005, 1010, 1015)  # one FFT size, one grid width, no multiple of a TCN's dilation or a chunk
+TOLERANCE = 1e-5
+BLOCKS = [(name, causal) for name in list_models() for causal in (True, False) if ("lm" if causal else "mlm") in model_spec(name).tasks]
+
+
+def results(module, x: torch.Tensor, mask: torch.Tensor, upstream: torch.Tensor) -> list[torch.Tensor]:
+    """The output and the gradients of <output, upstream> toward x and every parameter."""
+    x = x.clone().requires_grad_()
+    y = module(x, mask)
+    return [y, *torch.autograd.grad((y * upstream).sum(), [x, *module.parameters()], allow_unused=True, materialize_grads=True)]
+
+
+def check_compiled(module: torch.nn.Module, dim: int, lengths: tuple[int, ...] = ()) -> None:
+    """``module`` compiled gives its eager output and gradients at the shared lengths, compiling twice over
+    them (the first length's shape, then one graph with the length symbolic), and at ``lengths``."""
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = compile_forward(copy.deepcopy(module), backend=BACKEND)
+    for index, n in enumerate(SHARED_LENGTHS + lengths):
+        x = torch.randn(2, n, dim)
+        mask = torch.ones(2, n, dtype=torch.bool)
+        mask[1, : n // 3] = False
+        upstream = torch.randn(x.shape)
+        for got, expected in zip(results(compiled, x, mask, upstream), results(module, x, mask, upstream), strict=True):
+            assert relative_error(got, expected) < TOLERANCE, (n, relative_error(got, expected))
+        if index == len(SHARED_LENGTHS) - 1:
+            assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "causal"), MODES)
+def test_a_mixer_compiles_whole_with_its_eager_numbers_and_once_for_many_lengths(name, causal):
+    layer = mixer(name, causal)
+    check_compiled(layer, layer.dim, LENGTHS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "causal"), BLOCKS)
+def test_a_block_compiles_whole_with_its_eager_numbers_and_once_for_many_lengths(name, causal):
+    """At the shared lengths (the mixers inside were compared at ``LENGTHS`` too; around them a block works token by token)."""
+    spec = model_spec(name)
+    chunks = {"chunk_size": 8} if "chunk_size" in resolve_model_options(name, {}, dim=16, depth=1) else {}
+    check_compiled(spec.layers(16, causal, 1, **spec.defaults, **chunks)[0], 16)
+
+
+def test_every_block_of_a_model_shares_one_graph():
+    network = tokenmix.build_model("tnn", vocab_size=20, dim=16, depth=3)
+    torch._dynamo.reset()
+    counters.clear()
+    compile_blocks(network, backend=BACKEND)
+    network(torch.randint(0, 20, (2, 30))).sum().backward()
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_a_compile_mode_is_one_of_torch_compiles():
+    assert check_compile_mode("reduce-overhead") == "reduce-overhead"
+    with pytest.raises(ValueError, match=r"compile mode must be one of \['default', 'reduce-overhead'"):
+        check_compile_mode("fast")
+    with pytest.raises(ValueError, match="compile applies to the kinds"):
+        Case("generate", "tnn", True, 8, 8, 1, compile=True)
+
+
+def test_training_compiled_in_bf16_saves_the_weights_under_their_own_names(text_file, tmp_path):
+    """The default backend (Inductor) end to end: ``tokenmix train --compile --precision bf16``, then eval."""
+    out = tmp_path / "run"
+    arguments = ["train", "--data", text_file, *TINY_RUN, "--steps", "3", "--compile", "--precision", "bf16", "--out", str(out)]
+    assert main([*arguments, "--device", "cpu"]) == 0
+    saved = load_checkpoint(out / "checkpoint.pt")
+    assert saved["train_config"]["compile"] and saved["train_config"]["precision"] == "bf16"
+    assert not any("_orig_mod" in key for key in saved["model"])
+    final = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"final"' in line][-1]
+    assert final["bpb"] > 0
+    assert main(["eval", str(out), "--precision", "bf16"]) == 0
