@@ -7,6 +7,7 @@ from dataclasses import fields
 
 import pytest
 import torch
+from conftest import usage_error
 
 from tokenmix.bench import MEASUREMENT_FIELDS, Case, measure
 from tokenmix.bench import cli as bench_cli
@@ -483,3 +484,19 @@ def test_a_pinned_serve_run_keeps_the_server_and_the_clients_on_their_own_cpus(t
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", *flags[:-4], "--server-cpus", ",".join(map(str, mine))])
     assert exit_info.value.code == 2 and "--server-cpus must leave at least one" in capsys.readouterr().err
+
+
+def test_the_precision_kind_tabulates_each_mixers_errors_against_float64(tmp_path, capsys):
+    """``--kinds precision``: a record per mixer mode and length with the relative errors of output and gradients;
+    float32 has nothing to compare and is refused."""
+    output = tmp_path / "precision.json"
+    arguments = ["bench", "--kinds", "precision", "--mixers", "tno,attention", "--lengths", "7", "--dim", "8", "--precision", "bf16"]
+    assert main([*arguments, "--output", str(output)]) == 0
+    records = json.loads(output.read_text())
+    assert {(r["mixer"], r["causal"]) for r in records} == {("tno", False), ("tno", True), ("attention", False), ("attention", True)}
+    for record in records:
+        assert record["kind"] == "precision" and record["precision"] == "bf16" and record["error"] is None
+        assert 0 < record["output_error"] < 3e-2 and 0 < record["input_grad_error"] < 3e-2 and 0 < record["parameter_grad_error"] < 3e-2
+    assert "output_error" in capsys.readouterr().out
+    message = usage_error(["bench", "--kinds", "precision", "--mixers", "tno", "--lengths", "7", "--dim", "8"], capsys)
+    assert "--kinds precision measures a mixed precision against float64: give --precision bf16 or fp16" in message

@@ -19,9 +19,9 @@ from ..models.registry import list_models, model_spec, resolve_model_options
 from ..precision import check_precision, compute_dtype
 
 TRAINING_KINDS = ("mixer", "layer", "model")
-KINDS = (*TRAINING_KINDS, "generate")  # what --kinds selects; generate: the generate and generate_mixer cases
+KINDS = (*TRAINING_KINDS, "generate", "precision")  # what --kinds selects; generate: the generate and generate_mixer cases
 CASE_KINDS = (*KINDS, "generate_mixer")
-MIXER_KINDS = ("mixer", "generate_mixer")  # cases named by a mixer; the others by a model
+MIXER_KINDS = ("mixer", "generate_mixer", "precision")  # cases named by a mixer; the others by a model
 GENERATE_KINDS = ("generate", "generate_mixer")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MODEL_VOCAB = 256
@@ -62,6 +62,8 @@ class Case:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         check_precision(self.precision)
+        if self.kind == "generate_mixer" and self.precision != "fp32":
+            raise ValueError("a mixer's decoding is measured in its --dtype, not under a mixed --precision (the models' decoding is)")
         if self.compile and self.kind not in TRAINING_KINDS:
             raise ValueError(f"compile applies to the kinds {list(TRAINING_KINDS)}, not {self.kind!r} (decoding steps stay eager)")
 
@@ -93,7 +95,7 @@ class Case:
                 spec = model_spec(self.name)  # the top layer of a two-layer stack (fnet_ar_xl: its FNetAR layer)
                 module = spec.layers(self.dim, self.causal, 2, **{**spec.defaults, **self.options})[-1]
             inputs = torch.randn(self.batch, self.length, self.dim, device=device, dtype=dtype)
-            if self.kind in MIXER_KINDS and self.precision != "fp32":
+            if self.kind in ("mixer", "precision") and self.precision != "fp32":
                 inputs = inputs.to(compute_dtype(self.precision))
             if self.compile:
                 compile_forward(module, mode=self.compile_mode)
@@ -112,7 +114,7 @@ def supports(kind: str, name: str, causal: bool) -> bool:
         return False
     if kind == "generate_mixer":
         return mixer_class(name).toeplitz_streaming
-    if kind == "mixer":
+    if kind in ("mixer", "precision"):
         return causal in mixer_class(name).causal_modes
     return ("lm" if causal else "mlm") in model_spec(name).tasks
 

@@ -93,7 +93,9 @@ def add_bench(subparsers) -> None:
         "--kinds",
         type=Names((*KINDS, "scale", "serve")),
         default=None,
-        help="any of mixer,layer,model,generate (default: mixer,layer,model; --quick: mixer,model); generate: decoding by every "
+        help="any of mixer,layer,model,generate,precision (default: mixer,layer,model; --quick: mixer,model); precision: each mixer "
+        "under autocast to --precision against itself in float64 (relative errors of output and gradients, docs/training.md); "
+        "generate: decoding by every "
         "causal LM model (depth 4, batch 1) at positions --lengths, cached step against recompute, and by every mixer "
         "that streams by its Toeplitz taps (tno, ski_tno, fd_tno; --mixers narrows them), token by token, tiled against the direct "
         "product; scale (alone, under torchrun): context parallelism's memory, step time and traffic per process for each of --processes "
@@ -306,17 +308,13 @@ def bench_cases(args) -> list[Case]:
                 for length in lengths:
                     batch = case_batch(kind, length, args)
                     for variant, chosen in variants:
-                        case = Case(
-                            kind, name, causal, length, dim, batch, args.dtype, args.device, chosen, limits, variant, args.precision
-                        )
+                        case = Case(kind, name, causal, length, dim, batch, args.dtype, args.device, chosen, limits, variant)
+                        precision = "fp32" if kind == "generate_mixer" else args.precision  # a mixer decodes in its --dtype
                         compiled = args.compile and kind in TRAINING_KINDS
-                        cases.append(replace(case, compile=compiled, compile_mode=args.compile_mode, depth=args.depth))
+                        cases.append(replace(case, precision=precision, compile=compiled, compile_mode=args.compile_mode, depth=args.depth))
         if kind == "generate_mixer":  # the distilled models' mixer beside the Toeplitz ones, at the same width and lengths
             for order, length in ((order, length) for order in args.distilled for length in lengths):
-                options = {"order": order}
-                cases.append(
-                    Case(kind, "ssm", True, length, dim, 1, args.dtype, args.device, options, limits, f"order {order}", args.precision)
-                )
+                cases.append(Case(kind, "ssm", True, length, dim, 1, args.dtype, args.device, {"order": order}, limits, f"order {order}"))
     return cases
 
 
@@ -348,8 +346,8 @@ def check_cases(cases: list[Case]) -> None:
         seen.add(key)
         tiny = replace(case, length=CHECK_LENGTH, batch=1, compile=False)
         try:
-            if case.kind in GENERATE_KINDS:
-                measure(tiny, repeats=1)  # the prefill, steps and recompute (tiled and direct) of 8 tokens
+            if case.kind not in TRAINING_KINDS:
+                measure(tiny, repeats=1)  # decoding: the prefill, steps and recompute (tiled and direct) of 8 tokens
             else:
                 module, inputs = tiny.build()
                 with torch.no_grad():
@@ -473,8 +471,8 @@ def read_records(path: str) -> list[dict]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{path!r} is not a readable bench JSON file: {error}") from None
     required = {"mixer", "causal", "length", "forward_ms", "forward_backward_ms"}  # "kind" came later: default "mixer"
-    if isinstance(records, list):  # decoding records (--kinds generate) are not compared
-        records = [r for r in records if not (isinstance(r, dict) and r.get("kind") in GENERATE_KINDS)]
+    if isinstance(records, list):  # only the training kinds are compared (not decoding, not precision)
+        records = [r for r in records if not (isinstance(r, dict) and r.get("kind", "mixer") not in TRAINING_KINDS)]
     if not isinstance(records, list) or not records or not all(isinstance(r, dict) and required <= set(r) for r in records):
         raise ValueError(f"{path!r} is not a `tokenmix bench --output` file: expected a list of records with {sorted(required)}")
     for number, record in enumerate(records):

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from ..ops.fft import fast_fft_size
 from ..ops.toeplitz2d import fft_grid
 from ..precision import autocast
+from .accuracy import measure_precision
 from .cases import DTYPES, Case
 from .generate import measure_generate, measure_generate_mixer
 from .records import Measurement, Record, identity
@@ -97,11 +98,13 @@ def profile_step(function, device: torch.device, steps: int = 3) -> list[dict]:
 
 def measure(case: Case, repeats: int = 7, profile: bool = False) -> Record:
     """The case's record: a ``Measurement`` of the training kinds (``profile``: with its operators), else
-    the generate kinds' (see ``tokenmix.bench.generate``)."""
+    the generate kinds' (see ``tokenmix.bench.generate``) or the precision kind's (``tokenmix.bench.accuracy``)."""
     if case.kind == "generate":
         return measure_generate(case, repeats)
     if case.kind == "generate_mixer":
         return measure_generate_mixer(case)
+    if case.kind == "precision":
+        return measure_precision(case)
     module, inputs = case.build()
     device = inputs.device
     differentiable = inputs.is_floating_point()

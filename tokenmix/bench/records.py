@@ -83,7 +83,16 @@ class MixerGenerateMeasurement(Record):
     direct_curve: list[dict] | None
 
 
-RECORD_TYPES = {"generate": GenerateMeasurement, "generate_mixer": MixerGenerateMeasurement}
+@dataclass(kw_only=True)
+class PrecisionMeasurement(Record):
+    """A mixer under autocast to ``precision`` against its float64 self on the same input (``bench.accuracy``)."""
+
+    output_error: float | None  # relative l2
+    input_grad_error: float | None
+    parameter_grad_error: float | None  # the worst parameter's; None for a mixer without parameters
+
+
+RECORD_TYPES = {"generate": GenerateMeasurement, "generate_mixer": MixerGenerateMeasurement, "precision": PrecisionMeasurement}
 IDENTITY_FIELDS = tuple(f.name for f in fields(Record) if f.default is MISSING)
 MEASUREMENT_FIELDS = tuple(f.name for f in fields(Measurement))
 

@@ -19,14 +19,15 @@ FLOOR_COLUMNS = ["fft_floor_ms", "fwd_ratio_to_fft", "fwdbwd_ratio_to_fft"]
 KIND_COLUMNS = {
     "generate": "kind mixer length batch prefill_ms step_ms recompute_ms recompute_ratio recompute_skipped state_bytes".split(),
     "generate_mixer": "kind mixer length dim tiled_s direct_s direct_tokens direct_finished direct_ratio max_abs_diff".split(),
+    "precision": "kind mixer causal length dim precision output_error input_grad_error parameter_grad_error".split(),
 }
 DIRECTIONS = {False: "bidirectional", True: "causal"}
 
 
 def sections(records: list[dict]) -> list[list[dict]]:
-    """The records by table: the training kinds together, then each generate kind (empty ones left out)."""
+    """The records by table: the training kinds together, then each generate kind and the precision kind (empty ones left out)."""
     groups = [[r for r in records if r.get("kind", "mixer") in TRAINING_KINDS]]
-    groups += [[r for r in records if r.get("kind") == kind] for kind in GENERATE_KINDS]
+    groups += [[r for r in records if r.get("kind") == kind] for kind in (*GENERATE_KINDS, "precision")]
     return [rows for rows in groups if rows]
 
 

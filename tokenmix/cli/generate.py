@@ -90,8 +90,8 @@ def run_transformers_generate(args) -> int:
             from ..hf.sampling import transformers_generate
         except ImportError as error:
             raise ValueError(str(error)) from None
-        if args.stop or args.stream or args.check:
-            raise ValueError("--transformers generates with transformers' generate(): without --stop, --stream or --check")
+        if args.stop or args.stream or args.check or args.precision != "fp32":
+            raise ValueError("--transformers generates with transformers' generate(): without --stop, --stream, --check or --precision")
         check_export(args.checkpoint)
         tokenizer = Tokenizer.load(args.checkpoint)  # exact bytes of the ids transformers chose
         texts = args.prompt or [DEMO_PROMPT]
