@@ -472,7 +472,7 @@ def read_records(path: str) -> list[dict]:
         raise ValueError(f"{path!r} is not a readable bench JSON file: {error}") from None
     required = {"mixer", "causal", "length", "forward_ms", "forward_backward_ms"}  # "kind" came later: default "mixer"
     if isinstance(records, list):  # only the training kinds are compared (not decoding, not precision)
-        records = [r for r in records if not (isinstance(r, dict) and r.get("kind", "mixer") not in TRAINING_KINDS)]
+        records = [r for r in records if not (isinstance(r, dict) and r.get("kind") in CASE_KINDS and r["kind"] not in TRAINING_KINDS)]
     if not isinstance(records, list) or not records or not all(isinstance(r, dict) and required <= set(r) for r in records):
         raise ValueError(f"{path!r} is not a `tokenmix bench --output` file: expected a list of records with {sorted(required)}")
     for number, record in enumerate(records):
