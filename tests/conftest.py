@@ -99,7 +99,7 @@ def tiny_runs(tmp_path_factory) -> dict:
     runs = {}
     for task in ("lm", "mlm"):
         runs[task] = root / task
-        flags = ["--data", str(corpus), *TINY_RUN, "--steps", "1", "--task", task, "-o", "rpe_dim=4", "--sample-tokens", "0"]
+        flags = ["--data", str(corpus), *TINY_RUN, "--steps", "1", "--task", task, "-o", "rpe_dim=4"]
         assert main(["train", *flags, "--out", str(runs[task]), "--threads", "1"]) == 0
     try:
         import transformers  # noqa: F401

@@ -9,12 +9,16 @@ the wrong shape or dtype, rows of the wrong width or with a wrong label. Each va
 must raise ValueError naming the file (its basename): not another exception, and not be accepted.
 ``test_a_valid_copy_is_read`` reads each kind undamaged first, so a refusal is the damage's doing.
 A few variants go through the command line too (exit status 2, one line, no traceback). The caches
-under $TOKENMIX_CACHE are the exception: a damaged entry is made again, not an error.
+under $TOKENMIX_CACHE are the exception: a damaged entry is made again, not an error; and so is the
+torn last line a killed writer leaves in metrics.jsonl: it is dropped. A model folder's config that
+asks for far more than its weights hold (``OVERSIZED``: dim 10^9, depth 10^7, 10^12 parameters) is
+refused from the weights' header, with no model built but on the meta device.
 
 The property-based tests (hypothesis, derandomized so CI never flakes) drive the parsers with
-arbitrary input, where they find more than hand-written cases: ``ModelConfig.from_dict``,
-``StreamState.from_plain``, ``read_metrics``, ``read_records``, the TSV and metadata readers, the
-CIFAR-10 batch reader and the Pathfinder image decoder; each must give a result or a ValueError.
+arbitrary input, where they find more than hand-written cases: ``ModelConfig.from_dict``, a model
+folder's config of any sizes, ``StreamState.from_plain``, ``read_metrics``, ``read_records``, the TSV
+and metadata readers, the CIFAR-10 batch reader and the Pathfinder image decoder; each must give a
+result or a ValueError.
 
 These tests fail when a reader's error handling breaks. Checked by hand: narrowing the ``except``
 of ``tokenmix.models.pretrained.read_json`` to ``OSError`` makes 26 variants of ``model/config.json``
@@ -22,6 +26,12 @@ and of the export's JSON files fail: json's and UTF-8's own errors (ValueErrors,
 reach the caller. Removing the ``isinstance(data, dict)`` check of ``StreamState.from_plain`` makes
 its property test fail with AttributeError (on ``data=None``); the checkpoint variants still pass
 there, as ``check_resumable`` refuses a segment state that is not a dict before it is rebuilt.
+In ``tokenmix.models.pretrained``: without ``check_sizes`` the dim, depth and vocab_size oversized
+tests fail (another message); without ``parameters_at_most`` the expand and rpe_dim ones fail and the
+rpe_layers one runs for minutes; building the checked model off the meta device fails three of them;
+catching no RuntimeError or TypeError there fails the sizes property test (at its examples).
+Reading metrics.jsonl in ``tokenmix eval`` outside ``user_input()`` fails its two commands; refusing
+a torn last line in ``read_metrics`` fails the three torn-line tests.
 """
 
 from __future__ import annotations
@@ -58,13 +68,15 @@ from tokenmix.data.lra_pathfinder import _pixels, load_lra_pathfinder
 from tokenmix.data.lra_retrieval import load_lra_retrieval
 from tokenmix.data.lra_text import load_lra_text
 from tokenmix.data.sources import load_data
+from tokenmix.data.tokenizer import byte_tokenizer
 from tokenmix.data.wikitext import load_wikitext
 from tokenmix.models.config import FORMAT_KEYS, FORMAT_VERSION, ModelConfig
+from tokenmix.models.model import SequenceModel
 from tokenmix.state import STATE_TYPE_KEY, StreamState
 from tokenmix.train import TrainConfig, Trainer
-from tokenmix.train.checkpoint import model_from_checkpoint
+from tokenmix.train.checkpoint import model_from_checkpoint, save_checkpoint
 from tokenmix.train.finetune import read_pretrained
-from tokenmix.train.runs import read_metrics
+from tokenmix.train.runs import read_metrics, training_cost
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 Variant = Callable[[bytes], bytes]
@@ -520,6 +532,23 @@ MODEL_CONFIG_KEYS = (
     "format_version",
     "tokenmix_version",
 )
+# Configs that ask for far more than their weights (those of the tiny runs: vocabulary 256, dim 8, depth 1) hold: (key, value,
+# the message naming the mismatch). Refused from the weights' header, no model built but on the meta device.
+OVERSIZED = {
+    "dim 10^9": ("dim", 10**9, r"asks for dim 1000000000, but its weights hold embedding.weight of shape \(256, 8\)"),
+    "depth 10^7": ("depth", 10**7, "asks for depth 10000000, but its weights hold the blocks of depth 1"),
+    "vocab_size 10^11 (10^12 parameters)": ("vocab_size", 10**11, r"asks for vocab_size 100000000000, but .* of shape \(256, 8\)"),
+    "expand 10^10 (10^12 parameters)": ("options.expand", 10**10, r"more parameters than the \d+ tensors .*: Linear.weight of shape \(8"),
+    "rpe_layers 10^7": ("options.mixer.rpe_layers", 10**7, r"more parameters than the \d+ tensors \([\d,]+ elements\) of its weights"),
+    "rpe_dim 10^12": ("options.mixer.rpe_dim", 10**12, r"more parameters than .*: Linear.weight of shape \(1000000000000, 1\)"),
+}
+
+
+def oversized(prefix: str = "") -> dict[str, Variant]:
+    """The ``OVERSIZED`` configs, of a config whose tokenmix config lies at ``prefix`` ("tokenmix." in an export's)."""
+    return json_edits({name: set_at(prefix + key, lambda _, value=value: value) for name, (key, value, _) in OVERSIZED.items()})
+
+
 MODEL_CONFIG = {
     **json_variants(
         keys=(*MODEL_CONFIG_KEYS, "options.mixer.rpe_dim", "options.mixer.activation", "options.mixer.decay"), missing=MODEL_CONFIG_KEYS
@@ -531,6 +560,7 @@ MODEL_CONFIG = {
             "format 99": set_at("format_version", lambda _: 99),
         }
     ),
+    **oversized(),
 }
 WEIGHTS = {
     **safetensors_variants(
@@ -543,8 +573,11 @@ WEIGHTS = {
             "a weight missing": lambda tensors: tensors.pop(next(iter(tensors))),
             "an extra weight": lambda tensors: tensors.update(extra=torch.zeros(2)),
             "no weights": lambda tensors: tensors.clear(),
+            "an embedding of fewer rows": lambda tensors: tensors.update({"embedding.weight": tensors["embedding.weight"][:100].clone()}),
+            "no blocks": lambda tensors: ("replace", {k: v for k, v in tensors.items() if not k.startswith("blocks.")}),
         }
     ),
+    "a header with a dtype no model has": safetensors_header(lambda header: _first_tensor(header).update(dtype="U32")),
     "a header longer than the file": lambda data: struct.pack("<Q", 1 << 40) + data[8:],
     "a header that is not JSON": lambda data: (
         data[:8] + b"\x00" * struct.unpack("<Q", data[:8])[0] + data[8 + struct.unpack("<Q", data[:8])[0] :]
@@ -688,7 +721,21 @@ KINDS: dict[str, Kind] = {
         lambda f: read_pretrained(f / "run" / "model"),
         {"random bytes": byte_variants()["random bytes"], **json_variants(keys=("model",))},
     ),
+    "model/config.json (fine-tuning)": Kind(
+        _copy_run("mlm"),
+        "run/model/config.json",
+        lambda f: read_pretrained(f / "run" / "model"),
+        {key: MODEL_CONFIG[key] for key in ("top level a list", "another width than the weights", *OVERSIZED)},
+    ),
+    "model/model.safetensors (fine-tuning)": Kind(
+        _copy_run("mlm"),
+        "run/model/model.safetensors",
+        lambda f: read_pretrained(f / "run" / "model"),
+        {key: WEIGHTS[key] for key in ("a header that is not JSON", "a weight missing", "an embedding of fewer rows", "no blocks")},
+    ),
     "metrics.jsonl": Kind(_copy_run("lm"), "run/metrics.jsonl", lambda f: read_metrics(f / "run" / "metrics.jsonl"), METRICS),
+    "metrics.jsonl (training cost)": Kind(_copy_run("lm"), "run/metrics.jsonl", lambda f: training_cost(f / "run"), METRICS),
+    "metrics.jsonl (resume)": Kind(_copy_run("lm"), "run/metrics.jsonl", _resume, METRICS),
     "bench records": Kind(_bench, "bench.json", _compare, BENCH),
     "export config.json": Kind(
         _export,
@@ -725,6 +772,7 @@ KINDS: dict[str, Kind] = {
                     "another hidden size": set_at("hidden_size", lambda _: 5),
                 },
             ),
+            **oversized("tokenmix."),
         },
     ),
     "export model.safetensors": Kind(
@@ -868,7 +916,7 @@ def valid(tiny_runs, tmp_path_factory) -> dict[str, Path]:
     runs = dict(tiny_runs)
     runs["xl"] = root / "xl_run"
     flags = ["--data", str(tiny_runs["lm"].parent / "corpus.txt"), *TINY_RUN, "--steps", "1", "--model", "transformer_xl"]
-    assert main(["train", *flags, "-o", "memory_length=4", "--sample-tokens", "0", "--out", str(runs["xl"]), "--threads", "1"]) == 0
+    assert main(["train", *flags, "-o", "memory_length=4", "--out", str(runs["xl"]), "--threads", "1"]) == 0
     folders = {}
     for name, kind in KINDS.items():
         folders[name] = root / f"kind{len(folders)}"
@@ -907,6 +955,62 @@ def test_a_damaged_file_is_a_value_error_that_names_it(valid, tmp_path, kind, va
     assert path.name in str(error.value) and "\n" not in str(error.value), str(error.value)
 
 
+@pytest.mark.parametrize("variant", OVERSIZED)
+def test_an_oversized_config_is_refused_before_a_model_is_built(valid, tmp_path, monkeypatch, variant):
+    """The mismatch named, and no model built but on the meta device (none at all for the sizes the header bounds)."""
+    folder = _case(valid, tmp_path, "model/config.json")
+    path = folder / KINDS["model/config.json"].file
+    path.write_bytes(MODEL_CONFIG[variant](path.read_bytes()))
+    devices = []
+
+    def build(config):
+        devices.append(torch.get_default_device().type)
+        assert devices[-1] == "meta", "a model built for real before its config was checked"
+        return SequenceModel(config)
+
+    monkeypatch.setattr("tokenmix.models.pretrained.SequenceModel", build)
+    with pytest.raises(ValueError, match=OVERSIZED[variant][2]):
+        tokenmix.from_pretrained(path.parent)
+
+
+@pytest.mark.parametrize("variant", OVERSIZED)
+def test_an_oversized_checkpoint_config_is_refused_before_a_model_is_built(tmp_path, variant):
+    """A training checkpoint's model config is checked against its weights as a model folder's is (eval,
+    generate, export-hf, distil, serve and finetune read checkpoints)."""
+    model = tokenmix.build_model("tnn", vocab_size=256, dim=8, depth=1)
+    config = model.config.to_dict()
+    key, value, message = OVERSIZED[variant]
+    *parents, last = key.split(".")
+    inner = config
+    for parent in parents:
+        inner = inner[parent]
+    inner[last] = value
+    state = {
+        "model_config": config,
+        "train_config": {"data": "shakespeare", "seq_len": 32, "seed": 0},
+        "model": model.state_dict(),
+        "step": 1,
+        "tokenizer": byte_tokenizer().to_json(),
+    }
+    save_checkpoint(tmp_path / "checkpoint.pt", state)
+    with pytest.raises(ValueError, match=message):
+        model_from_checkpoint(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        read_pretrained(tmp_path)
+
+
+METRICS_READERS = [kind for kind, spec in KINDS.items() if spec.file == "run/metrics.jsonl"]
+
+
+@pytest.mark.parametrize("kind", METRICS_READERS)
+def test_a_torn_last_metrics_line_is_dropped(valid, tmp_path, kind):
+    """What a writer killed mid-record leaves (the start of a record, no line end) is not an error."""
+    folder = _case(valid, tmp_path, kind)
+    path = folder / KINDS[kind].file
+    path.write_bytes(path.read_bytes() + b'{"step": 2, "lo')
+    KINDS[kind].read(folder)
+
+
 # --- through the command line --------------------------------------------------------------------
 
 COMMANDS = [
@@ -922,6 +1026,14 @@ COMMANDS = [
         "dim of another type (1)",
         ["finetune", "{folder}/run/model", "--out", "{folder}/out", "--data", "listops:max_length=40:train=8:val=4:test=4"],
     ),
+    (
+        "model/config.json",
+        "depth 10^7",
+        ["finetune", "{folder}/run/model", "--out", "{folder}/out", "--data", "listops:max_length=40:train=8:val=4:test=4"],
+    ),
+    ("metrics.jsonl (training cost)", "invalid UTF-8", ["eval", "{folder}/run"]),
+    ("metrics.jsonl (training cost)", "a line that is not JSON", ["eval", "{folder}/run"]),
+    ("metrics.jsonl (resume)", "a line cut short, not the last", ["train", "--resume", "--out", "{folder}/run", "--steps", "3"]),
     ("bench records", "a record that is a list", ["compare", "{folder}/bench.json", "{folder}/bench.json"]),
     ("export generation_config.json", "no beams", ["generate", "{folder}/export", "--transformers", "--max-new-tokens", "2"]),
     (
@@ -1072,6 +1184,26 @@ def test_model_config_with_any_options_is_refused_or_builds_a_model(changes):
         assert ModelConfig.from_dict(json.loads(config.to_json())) == config
         model = tokenmix.build_model(config.name, vocab_size=config.vocab_size, dim=config.dim, depth=config.depth, **config.options)
         model.eval()(torch.zeros(1, 5, dtype=torch.long))
+
+
+SIZES = ("dim", "depth", "vocab_size", "options.expand", "options.mixer.rpe_dim", "options.mixer.rpe_layers")
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from(SIZES), st.integers(0, 10**20) | st.sampled_from([1, 3, 4, 8, 256]), min_size=1, max_size=3))
+@example(sizes={"dim": 8, "options.mixer.rpe_layers": 3})  # its own sizes: loads
+@example(sizes={"options.expand": 10**17})  # a layer past the bytes a tensor can hold (torch: RuntimeError)
+@example(sizes={"options.expand": 10**19})  # a size past 64 bits (torch: TypeError)
+def test_a_model_folder_of_any_sizes_loads_or_is_a_value_error(valid, tmp_path_factory, sizes):
+    """Sizes up to 10^20 in the config of a model folder: its model, or a ValueError (sizes past its weights cost nothing)."""
+    folder = tmp_path_factory.mktemp("sizes") / "model"
+    shutil.copytree(valid["model/config.json"] / "run" / "model", folder)
+    config = json.loads((folder / "config.json").read_text())
+    for key, value in sizes.items():
+        set_at(key, lambda _, value=value: value)(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    model = _refused_or(folder, tokenmix.from_pretrained)
+    assert model is None or isinstance(model, SequenceModel)
 
 
 STATE_NAMES = st.sampled_from(["ModelState", "XlState", "NoSuchState"])

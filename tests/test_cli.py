@@ -20,7 +20,7 @@ SIZES = ["--dim", "8", "--depth", "1", "--seq-len", "16", "--batch-size", "2", "
 def run(text_file, tmp_path):
     """A trained tiny causal LM run directory."""
     out = tmp_path / "run"
-    assert main(["train", "--data", text_file, *SIZES, "--steps", "2", "-o", "rpe_dim=4", "--sample-tokens", "0", "--out", str(out)]) == 0
+    assert main(["train", "--data", text_file, *SIZES, "--steps", "2", "-o", "rpe_dim=4", "--out", str(out)]) == 0
     return out
 
 

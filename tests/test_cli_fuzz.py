@@ -23,7 +23,7 @@ COMMANDS = next(a for a in build_parser()._actions if isinstance(a, argparse._Su
 BENCH_RECORD = {"kind": "mixer", "mixer": "tno", "causal": False, "length": 8, "forward_ms": 1.0, "forward_backward_ms": 3.0}
 # Valid invocations: (positional arguments, options); {name} stands for a file from the ``inputs`` fixture.
 VALID = {
-    "train": ([], ["--data", "{corpus}", *TINY_RUN, "--steps", "1", "--sample-tokens", "0", "--out", "{fresh}"]),
+    "train": ([], ["--data", "{corpus}", *TINY_RUN, "--steps", "1", "--out", "{fresh}"]),
     "finetune": (["{mlm}"], ["--data", "glue-sst2:{glue}", "--steps", "1", "--out", "{fresh}"]),
     "eval": (["{lm}"], ["--max-tokens", "32"]),
     "generate": (["{lm}"], ["--max-new-tokens", "2"]),
@@ -69,7 +69,8 @@ def bad_invocations() -> list[tuple[str, str, list[str], list[str], list[str]]]:
             if action.nargs == 0:
                 cases.append((command, f"{flag}=x", positionals, [*options, f"{flag}=x"], _names(action)))
                 continue
-            cases.append((command, f"{flag} (no value)", positionals, [*options, flag], _names(action)))
+            if action.nargs != "?":  # a flag whose value is optional (--resume [auto]) is complete alone
+                cases.append((command, f"{flag} (no value)", positionals, [*options, flag], _names(action)))
             for text in action.type.invalid():
                 cases.append((command, f"{flag} {text!r}", positionals, [*options, flag, text], _names(action, text)))
         for group in parser._mutually_exclusive_groups:

@@ -17,9 +17,10 @@ from context_parallel_worker import small_options
 import tokenmix
 from tokenmix.models.registry import list_models
 from tokenmix.train.checkpoint import load_checkpoint, model_from_checkpoint
+from tokenmix.train.lock import LOCK_FILE
 
 TRAIN = ["--dim", "16", "--depth", "2", "--seq-len", "64", "--batch-size", "2", "--eval-tokens", "1024", "--final-eval-tokens", "1024"]
-TRAIN += ["--threads", "1", "--schedule", "inverse_sqrt", "--warmup", "2", "--sample-tokens", "0"]
+TRAIN += ["--threads", "1", "--schedule", "inverse_sqrt", "--warmup", "2"]
 SMALL_TNN = ["-o", "rpe_dim=8"]  # the default model, tnn, made faster
 KILL_WORKER = Path(__file__).with_name("fsdp_kill_worker.py")
 ENVIRONMENT = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -35,6 +36,8 @@ def train(out: Path, processes: int, *flags: str) -> dict:
     model = [] if "--model" in flags else SMALL_TNN
     result = launch(processes, "-m", "tokenmix.cli", "train", "--out", str(out), *TRAIN, *model, *flags)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "\nsample:\n" in result.stdout  # the default sample, printed by rank 0 alone (it once hung the job under FSDP)
+    assert not (out / LOCK_FILE).exists()  # the job's lock went with it
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return {
         "steps": {record["step"]: record["loss"] for record in records if "split" not in record and "event" not in record},
@@ -51,11 +54,13 @@ def assert_same_curve(got: dict, want: dict, tolerance: float) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
-    """20 steps of tnn: DDP and FSDP (with activation checkpointing) on 2 processes, FSDP on dp 2 x cp 2."""
+    """20 steps of tnn with the default flags but sizes: DDP, context parallelism, and FSDP (with activation
+    checkpointing) on 2 processes, FSDP on dp 2 x cp 2."""
     root = tmp_path_factory.mktemp("fsdp")
     steps = ["--steps", "20", "--eval-every", "20", "--save-every", "10"]
     return {
         "ddp": train(root / "ddp", 2, *steps),
+        "cp": train(root / "cp", 2, *steps, "--context-parallel", "2"),
         "fsdp": train(root / "fsdp", 2, *steps, "--fsdp", "--activation-checkpointing"),
         "fsdp_2d": train(root / "fsdp_2d", 4, *steps, "--fsdp", "--context-parallel", "2"),
         "root": root,
@@ -86,6 +91,17 @@ def test_fsdp_in_bf16_gathers_half_weights_and_takes_the_steps_of_ddp_in_bf16(tm
     ddp = train(tmp_path / "ddp", 2, *flags)
     assert_same_curve(train(tmp_path / "fsdp", 2, *flags, "--fsdp"), ddp, 1e-3)
     assert load_checkpoint(tmp_path / "fsdp" / "checkpoint.pt")["train_config"]["precision"] == "bf16"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", ["ddp", "cp", "fsdp", "fsdp_2d"])
+def test_eval_and_generate_read_what_every_torchrun_layout_wrote(runs, run):
+    """The default ``eval`` and ``generate`` of each run's directory, in one process: they end with a result."""
+    folder = str(runs["root"] / run)
+    result = launch(1, "-m", "tokenmix.cli", "eval", folder)
+    assert result.returncode == 0 and " bpb " in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
+    result = launch(1, "-m", "tokenmix.cli", "generate", folder)
+    assert result.returncode == 0 and result.stdout.startswith("ROMEO."), result.stdout[-2000:] + result.stderr[-2000:]
 
 
 @pytest.mark.slow
@@ -135,7 +151,7 @@ def test_a_save_killed_midway_keeps_the_previous_checkpoint(tmp_path):
     result = launch(2, str(KILL_WORKER), str(run))
     assert result.returncode != 0
     assert load_checkpoint(run)["step"] == 2 and (run / "shards" / "step-00000004").is_dir()
-    result = launch(1, "-m", "tokenmix.cli", "train", "--resume", "--out", str(run), "--no-fsdp", "--steps", "3", "--sample-tokens", "0")
+    result = launch(1, "-m", "tokenmix.cli", "train", "--resume", "--out", str(run), "--no-fsdp", "--steps", "3")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "removed" in result.stdout + result.stderr and not (run / "shards").exists()
     assert load_checkpoint(run)["step"] == 3

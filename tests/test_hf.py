@@ -211,7 +211,7 @@ def test_a_two_step_trainer_run_lowers_the_loss(tmp_path):
 def test_export_hf_command_and_a_fresh_process_generate_the_same_tokens(tmp_path, text_file):
     run, out = tmp_path / "run", tmp_path / "hf"
     sizes = ["--dim", "16", "--depth", "1", "--seq-len", "32", "--batch-size", "2", "--steps", "3", "-o", "rpe_dim=4"]
-    assert main(["train", "--data", text_file, *sizes, "--sample-tokens", "0", "--out", str(run)]) == 0
+    assert main(["train", "--data", text_file, *sizes, "--out", str(run)]) == 0
     assert main(["export-hf", str(run), str(out)]) == 0
     from tokenmix.files import default_file_mode
 
@@ -235,7 +235,7 @@ def test_export_hf_command_and_a_fresh_process_generate_the_same_tokens(tmp_path
 def test_generate_transformers_prints_what_tokenmix_generate_prints(tmp_path, text_file, capsys):
     run, out = tmp_path / "run", tmp_path / "hf"
     sizes = ["--dim", "16", "--depth", "1", "--seq-len", "32", "--batch-size", "2", "--steps", "3", "-o", "rpe_dim=4"]
-    assert main(["train", "--data", text_file, "--tokenizer", "bpe:280", *sizes, "--sample-tokens", "0", "--out", str(run)]) == 0
+    assert main(["train", "--data", text_file, "--tokenizer", "bpe:280", *sizes, "--out", str(run)]) == 0
     assert main(["export-hf", str(run), str(out)]) == 0
     capsys.readouterr()
     flags = ["--prompt", "To be", "--prompt", "or", "--temperature", "0", "--max-new-tokens", "15"]

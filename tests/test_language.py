@@ -149,7 +149,7 @@ def test_glue_sources_tokenize_pairs_hold_out_validation_and_refuse_bad_options(
 
 def test_mlm_pretraining_then_finetuning_on_glue(corpus, glue, tmp_path, capsys):
     pretrained = tmp_path / "mlm"
-    flags = ["--data", corpus, "--tokenizer", "bpe:300", "--task", "mlm", *SIZES, "--steps", "3", "--sample-tokens", "0"]
+    flags = ["--data", corpus, "--tokenizer", "bpe:300", "--task", "mlm", *SIZES, "--steps", "3"]
     assert main(["train", *flags, "--out", str(pretrained)]) == 0
     out = tmp_path / "sst2"
     finetune = ["finetune", str(pretrained), "--data", f"glue-sst2:{glue}", "--steps", "60", "--lr", "3e-3", "--eval-every", "30"]

@@ -139,6 +139,7 @@ def test_a_run_records_its_precision_resumes_exactly_in_it_and_refuses_another(t
     for _ in range(3):
         interrupted.train_step()
     interrupted.save()
+    interrupted.release_lock()  # killed here: the kernel drops its lock
     resumed = Trainer(split, resume=True, progress=False)
     resumed.run()
     saved = load_checkpoint(tmp_path / "split" / "checkpoint.pt")

@@ -24,7 +24,7 @@ def tiny(text_file, out, **overrides) -> TrainConfig:
 
 def cli_train(text_file, out, *extra) -> list[str]:
     sizes = ["--data", text_file, "--dim", "8", "--depth", "1", "--seq-len", "16", "--batch-size", "2"]
-    quiet = ["--eval-every", "100", "--eval-tokens", "64", "--sample-tokens", "0"]
+    quiet = ["--eval-every", "100", "--eval-tokens", "64"]
     return ["train", *sizes, *quiet, "-o", "rpe_dim=4", "--out", str(out), *extra]
 
 
@@ -75,7 +75,7 @@ def test_resume_refuses_changes_that_break_the_run(text_file, tmp_path, capsys, 
 def test_resume_options_are_compared_by_the_model_they_build(text_file, tmp_path, capsys):
     run = tmp_path / "run"
     assert main(cli_train(text_file, run, "--steps", "2")) == 0
-    assert main(["train", "--resume", "--out", str(run), "--steps", "3", "-o", "decay=0.99", "--sample-tokens", "0"]) == 0  # the default
+    assert main(["train", "--resume", "--out", str(run), "--steps", "3", "-o", "decay=0.99"]) == 0  # the default
     assert load_checkpoint(run)["train_config"]["options"] == {"rpe_dim": 4}
     capsys.readouterr()
     with pytest.raises(SystemExit):
@@ -86,7 +86,7 @@ def test_resume_options_are_compared_by_the_model_they_build(text_file, tmp_path
 def test_more_steps_are_allowed_and_recorded_truthfully(text_file, tmp_path):
     run = tmp_path / "run"
     assert main(cli_train(text_file, run, "--steps", "3")) == 0
-    assert main(["train", "--resume", "--out", str(run), "--steps", "5", "--sample-tokens", "0"]) == 0  # other settings from the checkpoint
+    assert main(["train", "--resume", "--out", str(run), "--steps", "5"]) == 0  # other settings from the checkpoint
     state = load_checkpoint(run)
     assert state["step"] == 5 and state["train_config"]["steps"] == 5 and state["train_config"]["seq_len"] == 16
     assert state["resumes"] == [{"step": 3, "changed": {"steps": [3, 5]}}]
@@ -105,6 +105,7 @@ def test_resume_after_a_kill_logs_each_step_once_and_removes_stale_temporaries(t
     for _ in range(2):  # steps after the last save, then a kill: logged, never saved
         interrupted.log({"step": interrupted.step + 1, "loss": interrupted.train_step()[0]})
     (tmp_path / "b" / "checkpoint.pt.tmp").write_bytes(b"half a checkpoint")
+    interrupted.release_lock()  # the kill: the kernel drops its lock
     resumed = Trainer(tiny(text_file, tmp_path / "b"), resume=True, progress=False)
     assert not (tmp_path / "b" / "checkpoint.pt.tmp").exists()
     resumed.run()
@@ -150,7 +151,7 @@ def test_a_signal_saves_a_checkpoint_and_resume_finishes_the_same_run(text_file,
     assert "Traceback" not in err and "checkpoint saved" in err and "--resume" in err
     stopped_at = load_checkpoint(tmp_path / "b")["step"]
     assert 5 <= stopped_at < 600
-    assert main(["train", "--resume", "--out", str(tmp_path / "b"), "--sample-tokens", "0"]) == 0
+    assert main(["train", "--resume", "--out", str(tmp_path / "b")]) == 0
     assert steps_logged(tmp_path / "b") == list(range(1, 601))
     assert main(cli_train(text_file, tmp_path / "a", *steps)) == 0
     for name, tensor in weights(tmp_path / "a").items():
@@ -225,6 +226,7 @@ def test_a_run_stopped_at_its_last_step_is_finished_by_a_resume(text_file, tmp_p
     for _ in range(3):
         trainer.train_step()
     trainer.save()
+    trainer.release_lock()  # killed here: the kernel drops its lock
     assert not (tmp_path / "r" / "model").exists()
     Trainer(tiny(text_file, tmp_path / "r", steps=3), resume=True, progress=False).run()
     assert (tmp_path / "r" / "model" / "config.json").is_file()
@@ -282,10 +284,10 @@ def test_a_resume_refuses_changed_data_files_by_name_unless_allowed(tmp_path, ca
     (corpus / "a.txt").write_bytes(b"short " * 100)
     error = usage_error(["train", "--resume", "--out", str(run), "--steps", "3"], capsys)
     assert f"a.txt: {size} bytes, now 600" in error
-    assert main(["train", "--resume", "--out", str(run), "--steps", "3", "--allow-data-change", "--sample-tokens", "0"]) == 0
+    assert main(["train", "--resume", "--out", str(run), "--steps", "3", "--allow-data-change"]) == 0
     (resume,) = load_checkpoint(run)["resumes"]
     assert resume["changed"]["data_files"] == [f"a.txt: {size} bytes, now 600", "b.txt: same size, different content"]
-    assert main(["train", "--resume", "--out", str(run), "--steps", "4", "--sample-tokens", "0"]) == 0  # the new files are the record now
+    assert main(["train", "--resume", "--out", str(run), "--steps", "4"]) == 0  # the new files are the record now
 
 
 def test_folders_of_many_files_are_fingerprinted_as_one_entry(tmp_path, monkeypatch):

@@ -44,6 +44,7 @@ def test_resume_equals_uninterrupted_run(text_file, tmp_path, monkeypatch, token
     for _ in range(3):
         interrupted.train_step()
     interrupted.save()
+    interrupted.release_lock()  # killed here: the kernel drops its lock
     shutil.rmtree(tmp_path / "cache", ignore_errors=True)
     resumed = Trainer(tiny_config(text_file, tmp_path / "b", tokenizer=tokenizer), resume=True, progress=False)
     assert not (tmp_path / "cache" / "bpe").exists()  # the tokenizer came from the checkpoint, not learnt again
@@ -286,7 +287,7 @@ def test_threads_beyond_the_cpus_warn(text_file, tmp_path):
 def test_a_run_that_cannot_fit_is_refused_with_the_estimate(text_file, tmp_path, monkeypatch, capsys):
     """Fails if the estimate is not checked against the memory available before the run starts."""
     monkeypatch.setattr("tokenmix.train.memory.available_memory", lambda device: 1 << 20)
-    command = ["train", "--data", text_file, "--dim", "16", "--depth", "1", "--seq-len", "32", "--steps", "1", "--sample-tokens", "0"]
+    command = ["train", "--data", text_file, "--dim", "16", "--depth", "1", "--seq-len", "32", "--steps", "1"]
     error = usage_error([*command, "--out", str(tmp_path / "refused")], capsys)
     assert "training needs about" in error and "more than the 0.00 GB available" in error and "lower --batch-size" in error
     assert not (tmp_path / "refused").exists()

@@ -108,6 +108,7 @@ def test_xl_training_resumes_exactly_with_memory(tmp_path):
         interrupted.train_step()
     assert interrupted.segment_state.position == 48  # three segments of one stream
     interrupted.save()
+    interrupted.release_lock()  # killed here: the kernel drops its lock
     resumed = Trainer(config(tmp_path / "b"), resume=True, progress=False)
     memories = [[block.memory for block in trainer.segment_state.blocks] for trainer in (resumed, interrupted)]
     torch.testing.assert_close(*memories)

@@ -2,12 +2,18 @@
 
 Library code raises ValueError for bad input. The CLI reads arguments, data and checkpoints inside
 ``user_input()``, which turns those ValueErrors into ``UsageError``; a ValueError raised later, deep
-in a long run, is a bug and keeps its traceback.
+in a long run, is a bug and keeps its traceback. A ``MachineFault`` (failing storage, a dead peer)
+is reported in one line wherever it happens.
 """
 
 from __future__ import annotations
 
 import contextlib
+
+
+class MachineFault(Exception):
+    """The machine failed the command (a full or read-only disk, an I/O error, a process that stopped
+    answering): the CLI prints the message alone and exits with status 1. What was saved before stays whole."""
 
 
 class UsageError(Exception):

@@ -27,6 +27,7 @@ import torch  # noqa: E402
 from matplotlib.colors import SymLogNorm  # noqa: E402
 
 from .data.listops import ListOpsOptions, distinct_expressions, expression_shape  # noqa: E402
+from .files import save_figure  # noqa: E402
 from .mixers.fd_tno import rfft_frequencies  # noqa: E402
 from .mixers.registry import build_mixer  # noqa: E402
 from .ops.fft import fast_fft_size  # noqa: E402
@@ -169,8 +170,8 @@ def plot_distil_sweep(rows: list[dict], max_loss_increase: float | None, path, t
 
 
 def _save(fig, path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    """Write ``fig`` atomically to ``path`` (its format from the suffix) and close it."""
+    try:
+        return save_figure(fig, path)
+    finally:
+        plt.close(fig)

@@ -11,6 +11,7 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
+from ..files import save_figure
 from ..table import format_table
 from .cases import GENERATE_DEPTH, GENERATE_KINDS, GENERATE_SEGMENT, TRAINING_KINDS
 
@@ -95,9 +96,10 @@ def _grid(plt, panels: list[tuple[str, bool]], columns_per_panel: int = 1):
 
 
 def _finish(plt, figure, path: Path) -> Path:
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    try:
+        return save_figure(figure, path)
+    finally:
+        plt.close(figure)
 
 
 def _against_length(axis, ylabel: str, title: str, log_y: bool = True, xlabel: str = "sequence length") -> None:

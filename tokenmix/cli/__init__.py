@@ -2,7 +2,8 @@
 
 Each command reads and checks its input (arguments, data, checkpoints) inside ``user_input()``:
 a problem there is reported in one line (exit status 2). Errors after that are bugs and keep
-their traceback. Ctrl-C during training saves a checkpoint and exits with status 130. One module
+their traceback. A failing machine (a full disk, a peer that died: ``MachineFault``) is one line and
+exit status 1. Ctrl-C during training saves a checkpoint and exits with status 130. One module
 per command, each with ``add_parser(subparsers)`` and its ``run_*`` handler.
 """
 
@@ -12,7 +13,7 @@ import argparse
 import sys
 import warnings
 
-from ..errors import UsageError
+from ..errors import MachineFault, UsageError
 from ..mixers.registry import list_mixers
 from ..models.registry import list_models
 from ..runtime import retain_freed_memory
@@ -53,5 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             return args.handler(args)
     except UsageError as error:
         parser.exit(2, f"tokenmix {args.command}: error: {error}\n")
+    except MachineFault as fault:
+        parser.exit(1, f"tokenmix {args.command}: {fault}\n")
     except KeyboardInterrupt:
         parser.exit(INTERRUPTED_STATUS, f"tokenmix {args.command}: interrupted\n")

@@ -17,6 +17,7 @@ from ..models.saving import save_pretrained
 from ..table import format_table
 from ..train.checkpoint import CHECKPOINT_FILE, load_checkpoint, model_from_checkpoint, save_checkpoint
 from ..train.evaluate import EVAL_BATCH
+from ..train.lock import RunLock
 from ..train.runs import MODEL_DIRECTORY, check_directory, claim_directory
 from ..version import __version__, source_revision
 from .common import RUN, add_threads_and_device, use_threads
@@ -93,6 +94,13 @@ def run_distil(args) -> int:
             if value is not None and args.max_loss_increase is None:
                 raise ValueError(f"{flag} belongs to a sweep: give --max-loss-increase with it")
         out = Path(args.out)
+        lock = RunLock(out, "distil")  # one writer per run directory
+    with lock:
+        return _distil(args, out)
+
+
+def _distil(args, out: Path) -> int:
+    with user_input():
         check_directory(out, args.overwrite)  # before the fit, which takes a while
         source = load_checkpoint(args.run)
         model, train_config, tokenizer = model_from_checkpoint(args.run, args.device)

@@ -62,9 +62,9 @@ TRAINING_COLUMNS = {  # a multi-run table's columns for each run's last training
 }
 
 
-def _evaluate_run(model, train_config: dict, tokenizer, checkpoint: str, args) -> dict:
-    """One checkpoint: its description and a row per length (language models, recall) or per split
-    (classification: val and test unless --split is given)."""
+def _evaluate_run(model, train_config: dict, tokenizer, checkpoint: str, training: dict, args) -> dict:
+    """One checkpoint: its description (``training``: its last session's cost) and a row per length
+    (language models, recall) or per split (classification: val and test unless --split is given)."""
     splits = args.split or (["val", "test"] if model.config.task == "classify" else ["test"])
     lengths = args.lengths or [train_config["seq_len"]]
     batch_size = args.batch_size or min(EVAL_BATCH, train_config["batch_size"])
@@ -88,7 +88,7 @@ def _evaluate_run(model, train_config: dict, tokenizer, checkpoint: str, args) -
         "train_length": train_config["seq_len"],
         "recurrent": model.recurrent,
         "results": rows,
-        "training": training_cost(resolve_checkpoint(checkpoint).parent),
+        "training": training,
         "tokenmix_version": __version__,
         "git_commit": source_revision(),
     }
@@ -157,7 +157,8 @@ def run_eval(args) -> int:
         for model, train_config, tokenizer, _ in runs:
             model.precision = args.precision
             run_objective(model, train_config, tokenizer, train_config["seq_len"])  # the data is still where it was
-    results = [_evaluate_run(*run, args) for run in runs]
+        costs = [training_cost(resolve_checkpoint(checkpoint).parent) for *_, checkpoint in runs]  # a damaged metrics.jsonl is refused here
+    results = [_evaluate_run(*run, cost, args) for run, cost in zip(runs, costs, strict=True)]
     print(eval_report(results))
     if args.json:
         write_json_atomic(args.json, results[0] if len(results) == 1 else results)

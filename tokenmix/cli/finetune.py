@@ -9,7 +9,15 @@ from ..errors import user_input
 from ..fields import Existing
 from ..train.config import TrainConfig
 from ..train.finetune import FROM_PRETRAINED, finetune_data, finetune_settings, read_pretrained
-from .train import add_run_flags, given_settings, make_trainer, run_training, train_config_from_args
+from .train import (
+    add_run_flags,
+    finished_is_done,
+    given_settings,
+    make_trainer,
+    resolve_auto_resume,
+    run_training,
+    train_config_from_args,
+)
 
 # A fine-tuning run's defaults where they differ from training's (BERT's recipe, Devlin et al.
 # arXiv 1810.04805 Appendix A.3, scaled to CPU budgets: a short linear schedule, small weight decay).
@@ -49,7 +57,7 @@ def add_parser(subparsers) -> None:
 
 def run_finetune(args) -> int:
     with user_input():
-        pretrained = None
+        auto, pretrained, trainer = resolve_auto_resume(args, FINETUNE_DEFAULTS["out"]), None, None
         if args.resume:
             args.out = args.out or FINETUNE_DEFAULTS["out"]
             config = train_config_from_args(args)
@@ -61,8 +69,9 @@ def run_finetune(args) -> int:
             # a --minutes budget sets steps to None over the default step count
             defaults = {**FINETUNE_DEFAULTS, **_causal_defaults(pretrained)}
             config = TrainConfig(**finetune_settings(pretrained, args.pretrained, {**defaults, **given_settings(args)}))
-        trainer = make_trainer(config, args, pretrained)
-    return run_training(trainer, "finetune", sample_tokens=0)
+        with finished_is_done(auto):
+            trainer = make_trainer(config, args, pretrained)
+    return run_training(trainer, "finetune", sample_tokens=0) if trainer else 0
 
 
 def _causal_defaults(pretrained) -> dict:

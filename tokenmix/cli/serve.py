@@ -17,6 +17,7 @@ from .common import add_precision, add_threads_and_device
 
 API_KEY_VARIABLE = "TOKENMIX_API_KEY"
 DEFAULT_CHOICES = 16
+ENGINE_RESTARTS = 2  # a minute: a third death of the engine within one stops the server
 SERVE_EXTRA = 'tokenmix serve needs its optional extra: pip install "tokenmix[serve]"'
 
 
@@ -57,6 +58,13 @@ def add_parser(subparsers) -> None:
     parser.add_argument(
         "--drain-timeout", type=Number(0), default=30.0, help="seconds SIGTERM waits for running requests to finish (default: 30)"
     )
+    parser.add_argument(
+        "--engine-restarts",
+        type=Integer(0),
+        default=ENGINE_RESTARTS,
+        help=f"restarts of a dead engine process allowed a minute; one more death stops the server with status 1 "
+        f"(default: {ENGINE_RESTARTS}; 0 stops it at the first, as vLLM does)",
+    )
     add_threads_and_device(parser, threads_default="torch's, at most one fewer than the CPUs: one core is left to the HTTP server")
     add_precision(parser)
     parser.add_argument(
@@ -70,14 +78,20 @@ def add_parser(subparsers) -> None:
 
 class DrainingServer:
     """uvicorn's server whose SIGTERM / SIGINT drain the engine first: new requests get 503, running ones
-    finish (up to ``deadline`` seconds), then the server stops."""
+    finish (up to ``deadline`` seconds), then the server stops. It stops too when the engine fails
+    (``failure`` says why)."""
 
     def __init__(self, config, engine, deadline: float):
         import uvicorn
 
-        self.engine, self.deadline, self.draining = engine, deadline, False
+        self.engine, self.deadline, self.draining, self.failure = engine, deadline, False, None
         self.server = uvicorn.Server(config)
         self.server.handle_exit = self.handle_exit
+        engine.on_failure(self.fail)
+
+    def fail(self, reason: str) -> None:
+        self.failure = reason
+        self.server.should_exit = True
 
     def handle_exit(self, sig, frame) -> None:
         """Runs on the event loop's thread between two of its steps: it only starts the drain's thread (which
@@ -86,7 +100,7 @@ class DrainingServer:
             self.server.should_exit = True
             return
         self.draining = True
-        print(f"tokenmix serve: draining (up to {self.deadline:g} s) before exit", file=sys.stderr, flush=True)
+        say(f"draining (up to {self.deadline:g} s) before exit")
         threading.Thread(target=self._drain, daemon=True).start()
 
     def _drain(self) -> None:
@@ -121,13 +135,13 @@ def run_serve(args) -> int:
             raise ValueError(f"--max-choices ({args.max_choices}) must be at most --max-batch ({args.max_batch})")
         api_key = args.api_key or os.environ.get(API_KEY_VARIABLE) or None
     context = args.max_prompt_tokens + args.max_tokens
-    print(f"tokenmix serve: measuring state sizes up to {context} tokens", file=sys.stderr, flush=True)
+    say(f"measuring state sizes up to {context} tokens")
     options = {"context": context, "max_batch": args.max_batch, "max_state_memory": args.max_state_memory, "chunk": args.chunk}
     options["prefix_min"] = args.prefix_cache_min
     options["prefill_threads"] = args.prefill_threads or available_cpus()
     settings = {"served": args.checkpoint, "device": args.device, "precision": args.precision, "threads": threads, "engine": options}
     with user_input():
-        engine = EngineProcess(settings)
+        engine = EngineProcess(settings, restarts=args.engine_restarts, report=say)
     app = create_app(engine, tokenizer, args.model_name or name, api_key=api_key, limits=limits)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
     server = DrainingServer(config, engine, args.drain_timeout)
@@ -137,7 +151,14 @@ def run_serve(args) -> int:
         server.run()
     finally:
         engine.stop()
+    if server.failure is not None:  # one line, and a status a supervisor restarts the server on
+        say(f"error: {server.failure}")
+        return 1
     return 0
+
+
+def say(line: str) -> None:
+    print(f"tokenmix serve: {line}", file=sys.stderr, flush=True)
 
 
 def _announce(server, keyed: bool) -> None:
@@ -145,4 +166,4 @@ def _announce(server, keyed: bool) -> None:
     while not server.started:
         time.sleep(0.02)
     host, port = server.servers[0].sockets[0].getsockname()[:2]
-    print(f"tokenmix serve: listening on http://{host}:{port}{' (API key required)' if keyed else ''}", file=sys.stderr, flush=True)
+    say(f"listening on http://{host}:{port}{' (API key required)' if keyed else ''}")

@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from dataclasses import asdict, fields
 from pathlib import Path
 
+from ..data.tokenizer import TOKENIZER_FILE
 from ..errors import user_input
-from ..fields import Integer
+from ..fields import Choice, Integer
 from ..generation import generate
-from ..train.checkpoint import load_checkpoint, resolve_checkpoint, train_config_of
+from ..train.checkpoint import CHECKPOINT_FILE, load_checkpoint, resolve_checkpoint, train_config_of
 from ..train.config import TrainConfig
 from ..train.evaluate import describe
 from ..train.loop import Trainer
 from ..train.recipes import apply_recipe
-from ..train.stopping import TrainingDiverged, TrainingInterrupted
+from ..train.runs import METRICS_FILE, existing_run_files
+from ..train.stopping import RunFinished, TrainingDiverged, TrainingInterrupted
 from .common import DEMO_PROMPT, INTERRUPTED_STATUS, OPTION, printable
+
+AUTO = "auto"
 
 
 def add_run_flags(parser, defaults: dict, skipped: tuple[str, ...] = (), helps: dict | None = None) -> None:
@@ -43,7 +48,16 @@ def add_run_flags(parser, defaults: dict, skipped: tuple[str, ...] = (), helps: 
         help="a model or mixer option, e.g. -o decay=1.0 -o rpe_layers=1 (docs/options.md lists every model's and mixer's options)",
     )
     run = parser.add_mutually_exclusive_group()
-    run.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint (its settings are kept)")
+    run.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=False,
+        type=Choice([AUTO]),
+        metavar="auto",
+        help="continue the run in --out from its checkpoint (its settings are kept); --resume auto: if there is one, else start "
+        "the run (for torchrun --max-restarts: docs/scale.md)",
+    )
     run.add_argument("--overwrite", action="store_true", help="replace a run already in --out (by default such a directory is refused)")
     parser.add_argument(
         "--allow-data-change",
@@ -55,6 +69,30 @@ def add_run_flags(parser, defaults: dict, skipped: tuple[str, ...] = (), helps: 
         action="store_true",
         help="start even when the estimated memory of a training step exceeds the memory available (docs/training.md)",
     )
+
+
+def resolve_auto_resume(args, default_out: str) -> bool:
+    """``--resume auto`` (returns True): resume when ``--out`` holds a checkpoint; otherwise start the run,
+    replacing what a start killed before its first checkpoint left (its metrics and tokenizer), and nothing else."""
+    if args.resume != AUTO:
+        return False
+    out = Path(args.out or default_out)
+    args.resume = (out / CHECKPOINT_FILE).is_file()
+    if not args.resume and set(existing_run_files(out)) <= {METRICS_FILE, TOKENIZER_FILE}:
+        args.overwrite = True
+    return True
+
+
+@contextlib.contextmanager
+def finished_is_done(auto: bool):
+    """With ``--resume auto``, a run that already finished is a success with nothing to do (a restart that
+    came after the end: torchrun --max-restarts), said on stderr; with ``--resume`` it is refused."""
+    try:
+        yield
+    except RunFinished as finished:
+        if not auto:
+            raise
+        print(f"tokenmix: {str(finished).removeprefix('--resume: ').split(';')[0]}: nothing to do", file=sys.stderr)
 
 
 def add_parser(subparsers) -> None:
@@ -86,8 +124,7 @@ def train_config_from_args(args) -> TrainConfig:
         for note in notes:
             print(note, file=sys.stderr)
         return config
-    if "recipe" in given:
-        raise ValueError("--recipe starts a run; --resume continues one with the settings it was started with")
+    given = apply_recipe(given.pop("recipe", None), given, [])  # a recipe's settings are checked against the run's, as flags are
     file = resolve_checkpoint(Path(given.get("out", TrainConfig.out)))
     saved = asdict(train_config_of(load_checkpoint(file), file))  # the checkpoint's own settings, checked before flags change them
     if "options" in given:  # -o adds to the run's options
@@ -97,8 +134,10 @@ def train_config_from_args(args) -> TrainConfig:
 
 def run_train(args) -> int:
     with user_input():
-        trainer = make_trainer(train_config_from_args(args), args)
-    return run_training(trainer, "train", args.sample_tokens)
+        auto, trainer = resolve_auto_resume(args, TrainConfig.out), None
+        with finished_is_done(auto):
+            trainer = make_trainer(train_config_from_args(args), args)
+    return run_training(trainer, "train", args.sample_tokens) if trainer else 0
 
 
 def make_trainer(config: TrainConfig, args, pretrained=None) -> Trainer:
@@ -118,6 +157,7 @@ def make_trainer(config: TrainConfig, args, pretrained=None) -> Trainer:
 def run_training(trainer: Trainer, command: str, sample_tokens: int) -> int:
     """Train, print what came of it; exit status 130 when a signal stopped it, 1 when it diverged."""
     config = trainer.config
+    finished = False  # after an error no process waits for the others: torchrun stops them
     try:
         final = trainer.run()
         if trainer.context.is_main:
@@ -130,15 +170,18 @@ def run_training(trainer: Trainer, command: str, sample_tokens: int) -> int:
             if config.task == "lm" and trainer.objective.text and sample_tokens > 0:
                 tokenizer = trainer.tokenizer
                 prompt = tokenizer.encode(DEMO_PROMPT).long()
-                new = generate(trainer.model, [prompt], sample_tokens, temperature=0.8, top_k=40, seed=config.seed)[0]
+                new = generate(trainer.whole_model(), [prompt], sample_tokens, temperature=0.8, top_k=40, seed=config.seed)[0]
                 print("sample:\n" + DEMO_PROMPT + printable(tokenizer.decode(new.tolist())))
             print(f"saved: {config.out}/checkpoint.pt and {config.out}/model/")
-    except TrainingInterrupted as stopped:
+        finished = True
+    except TrainingInterrupted as stopped:  # every process stopped at the same step
+        finished = True
         print(f"tokenmix {command}: {stopped}", file=sys.stderr)
         return INTERRUPTED_STATUS
-    except TrainingDiverged as diverged:
+    except TrainingDiverged as diverged:  # every process agreed on it
+        finished = True
         print(f"tokenmix {command}: {diverged}", file=sys.stderr)
         return 1
     finally:
-        trainer.close()
+        trainer.close(wait=finished)
     return 0

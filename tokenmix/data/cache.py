@@ -18,6 +18,7 @@ import numpy as np
 import tokenizers
 import torch
 
+from ..files import TEMPORARY_SUFFIX, atomic_write
 from .examples import Examples
 
 CACHE_VARIABLE = "TOKENMIX_CACHE"
@@ -40,11 +41,12 @@ def cache_key(*parts: bytes | str) -> str:
 def store(path: Path, write) -> None:
     """``write(file)`` to a temporary file of this process, renamed to ``path``: processes of one
     run (DDP ranks) may fill the same entry at once, and every one of them writes the same bytes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(temporary, "wb") as file:
+    atomic_write(path, lambda temporary: _write_file(temporary, write), suffix=f".{os.getpid()}{TEMPORARY_SUFFIX}")
+
+
+def _write_file(path: Path, write) -> None:
+    with open(path, "wb") as file:
         write(file)
-    os.replace(temporary, path)
 
 
 def say(message: str, progress: bool) -> None:

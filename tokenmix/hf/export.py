@@ -7,15 +7,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import torch
 from tokenizers import Tokenizer as Backend
 from transformers import PreTrainedTokenizerFast
 
 from ..data.tokenizer import MASK, Tokenizer
-from ..files import default_file_mode
+from ..files import atomic_folder, default_file_mode
 from ..models.model import SequenceModel
-from ..models.pretrained import HF_MODEL_TYPE, check_weights, read_json, read_saved
-from ..models.saving import CONFIG_FILE, WEIGHTS_FILE
+from ..models.pretrained import HF_MODEL_TYPE, read_json, read_saved
+from ..models.saving import CONFIG_FILE
 from ..train.checkpoint import CHECKPOINT_FILE
 from . import settings
 from .configuration import TokenmixConfig
@@ -66,13 +65,17 @@ def export(model: SequenceModel, directory, tokenizer: Tokenizer | None = None, 
     )
     wrapped = model_class(config)
     wrapped.tokenmix.load_state_dict(model.state_dict())
-    wrapped.save_pretrained(directory)
+    atomic_folder(directory, lambda folder: _write_export(wrapped, tokenizer, folder))
+    return directory
+
+
+def _write_export(wrapped, tokenizer: Tokenizer | None, folder: Path) -> None:
+    wrapped.save_pretrained(folder)
     if tokenizer is not None:
-        hf_tokenizer(tokenizer).save_pretrained(directory)
-    for path in directory.iterdir():  # safetensors writes its files 0600: give them the mode the umask gives any file
+        hf_tokenizer(tokenizer).save_pretrained(folder)
+    for path in folder.iterdir():  # safetensors writes its files 0600: give them the mode the umask gives any file
         if path.is_file():
             os.chmod(path, default_file_mode())
-    return directory
 
 
 def check_export(directory) -> None:
@@ -91,9 +94,7 @@ def check_export(directory) -> None:
             f"{str(directory / CONFIG_FILE)!r} has no model_type {HF_MODEL_TYPE!r}: a save_pretrained folder, not a transformers "
             "export; write one with `tokenmix export-hf`"
         )
-    settings.check_config(directory / CONFIG_FILE, transformers_config, config)
-    with torch.device("meta"):  # the shapes alone: no memory for the weights
-        check_weights(SequenceModel(config), weights, repr(str(directory / WEIGHTS_FILE)))
+    settings.check_config(directory / CONFIG_FILE, transformers_config, config)  # ``read_saved`` checked the weights
     files = {}
     for name in SETTINGS_FILES:
         if (directory / name).exists():

@@ -3,17 +3,23 @@
 ``from_pretrained`` also reads a directory written for transformers (``tokenmix.hf.export``,
 ``tokenmix export-hf``): its config holds the tokenmix config under ``tokenmix`` and its weights
 are prefixed ``tokenmix.``. Both files are data (JSON and safetensors), never code; a damaged or
-edited file is a ValueError that names it and says what is wrong.
+edited file is a ValueError that names it and says what is wrong. The config is checked against the
+weights' header (names, shapes, dtypes) before any memory is allocated: its sizes first, then the
+model it describes, built on the meta device, so a config asking for more than the weights hold
+costs nothing.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
+from torch.nn.modules.module import register_module_parameter_registration_hook
 
 from ..devices import resolve_device
 from .config import ModelConfig, with_segment_length
@@ -21,6 +27,11 @@ from .model import SequenceModel
 from .saving import CONFIG_FILE, WEIGHTS_FILE
 
 HF_MODEL_TYPE = "tokenmix"  # transformers' model_type of tokenmix models, and the key of their tokenmix config
+EMBEDDING = "embedding.weight"  # (vocab_size, dim)
+DTYPES = {  # safetensors' names of the dtypes a model's weights may have
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}  # fmt: skip
 
 
 def read_json(path: Path, what: str):
@@ -31,12 +42,31 @@ def read_json(path: Path, what: str):
         raise ValueError(f"{str(path)!r} is not a readable {what} (JSON): {error}") from None
 
 
-def read_weights(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file; ValueError naming the file when it is missing or damaged."""
+@contextmanager
+def reading_safetensors(path: Path):
+    """Within: a file error or a damaged safetensors file is a ValueError naming ``path``."""
     try:
-        return load_file(str(path))
+        yield
     except (OSError, SafetensorError) as error:
         raise ValueError(f"{str(path)!r} is not a readable safetensors file: {error}") from None
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file; ValueError naming the file when it is missing or damaged."""
+    with reading_safetensors(path):
+        return load_file(str(path))
+
+
+def read_header(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file as meta tensors (names, shapes and dtypes from its header; no data
+    is read); ValueError naming the file when it is missing or damaged."""
+    with reading_safetensors(path), safe_open(str(path), framework="pt") as file:
+        entries = {name: file.get_slice(name) for name in file.keys()}
+        header = {name: (entry.get_shape(), entry.get_dtype()) for name, entry in entries.items()}
+    unknown = sorted({dtype for _, dtype in header.values()} - set(DTYPES))
+    if unknown:
+        raise ValueError(f"{str(path)!r} holds tensors of dtype {unknown}; a model's weights are one of {list(DTYPES)}")
+    return {name: torch.empty(shape, dtype=DTYPES[dtype], device="meta") for name, (shape, dtype) in header.items()}
 
 
 def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], source: str, strict: bool = True) -> None:
@@ -72,25 +102,89 @@ def check_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], sour
         raise ValueError(f"{source}: its weights do not fit the model its config describes ({model.config.name}): {found}")
 
 
+def check_sizes(data, weights: dict[str, torch.Tensor], source: str) -> None:
+    """ValueError naming ``source`` where a saved config ``data`` (a dict not yet resolved: resolving a
+    huge depth takes long) asks for a larger vocabulary or width than the weights' embedding has, or more
+    blocks than they hold: a bound at no cost before anything is built."""
+    if not isinstance(data, dict):
+        return  # ``ModelConfig.from_dict`` says what is wrong
+    blocks = len({name.split(".")[1] for name in weights if name.startswith("blocks.")})
+    bounds = {"depth": (blocks, f"the blocks of depth {blocks}")}
+    embedding = weights.get(EMBEDDING)
+    if embedding is not None and embedding.dim() == 2:
+        shape = f"{EMBEDDING} of shape {tuple(embedding.shape)}"
+        bounds |= {"vocab_size": (embedding.shape[0], shape), "dim": (embedding.shape[1], shape)}
+    for key, (most, held) in bounds.items():
+        asked = data.get(key)
+        if type(asked) is int and asked > most:
+            raise ValueError(f"{source}: its config asks for {key} {asked}, but its weights hold {held}")
+
+
+@contextmanager
+def parameters_at_most(weights: dict[str, torch.Tensor]):
+    """Within: a parameter this thread registers past the number of tensors, or of elements, of ``weights``
+    is a ValueError, so building a model that cannot fit them stops at once."""
+    tensors, elements = len(weights), sum(tensor.numel() for tensor in weights.values())
+    left = [tensors, elements]
+    thread = threading.get_ident()
+
+    def spend(module, name, parameter):
+        if parameter is not None and threading.get_ident() == thread:
+            left[0] -= 1
+            left[1] -= parameter.numel()
+            if min(left) < 0:
+                past = f"{type(module).__name__}.{name} of shape {tuple(parameter.shape)}"
+                raise ValueError(f"it has more parameters than the {tensors} tensors ({elements:,} elements) of its weights: {past}")
+
+    handle = register_module_parameter_registration_hook(spend)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def check_fits(config: ModelConfig, weights: dict[str, torch.Tensor], source: str) -> None:
+    """ValueError naming ``source`` unless ``weights`` (tensors, or a header's meta tensors) fit the model
+    ``config`` describes: built on the meta device (no memory), given up as soon as it outgrows them."""
+    try:
+        with torch.device("meta"), parameters_at_most(weights):
+            model = SequenceModel(config)
+    except (ValueError, RuntimeError, TypeError) as error:  # RuntimeError, TypeError: sizes past what a tensor can hold
+        reason = str(error).partition("\n")[0]  # torch's own errors go on with its C++ stack
+        raise ValueError(f"{source}: the model its config describes cannot be built from its weights: {reason}") from None
+    check_weights(model, weights, source)
+
+
+def weights_source(directory: Path) -> str:
+    """How errors name a model directory's weights and the config beside them."""
+    return f"{str(directory / WEIGHTS_FILE)!r} (with {CONFIG_FILE} beside it)"
+
+
 def read_saved(directory) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """(config, weights) of a ``save_pretrained`` or transformers-export directory; ValueError naming
-    the file that is missing, damaged or inconsistent."""
+    the file that is missing, damaged or inconsistent. The config is checked against the weights'
+    header (``check_sizes``, ``check_fits``) before the weights are read."""
     directory = Path(directory)
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (directory / name).is_file():
             raise ValueError(f"directory {str(directory)!r} has no {name}: not a save_pretrained directory")
     data = read_json(directory / CONFIG_FILE, "model config")
     transformers_layout = isinstance(data, dict) and data.get("model_type") == HF_MODEL_TYPE
+    saved = data.get(HF_MODEL_TYPE) if transformers_layout else data
+
+    def unprefixed(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {key.removeprefix(HF_MODEL_TYPE + "."): value for key, value in tensors.items()} if transformers_layout else tensors
+
+    header = unprefixed(read_header(directory / WEIGHTS_FILE))
+    check_sizes(saved, header, weights_source(directory))
     try:
-        config = ModelConfig.from_dict(data[HF_MODEL_TYPE] if transformers_layout else data)
-    except (ValueError, KeyError) as error:
+        config = ModelConfig.from_dict(saved)
+    except ValueError as error:
         raise ValueError(f"{str(directory / CONFIG_FILE)!r}: not a valid tokenmix model config: {error}") from None
     if transformers_layout:  # an export from before XL models recorded their segment kept it beside their config
-        config = with_segment_length(config, data[HF_MODEL_TYPE], data.get("segment_length"))
-    weights = read_weights(directory / WEIGHTS_FILE)
-    if transformers_layout:
-        weights = {key.removeprefix(HF_MODEL_TYPE + "."): value for key, value in weights.items()}
-    return config, weights
+        config = with_segment_length(config, saved, data.get("segment_length"))
+    check_fits(config, header, weights_source(directory))
+    return config, unprefixed(read_weights(directory / WEIGHTS_FILE))
 
 
 def from_pretrained(directory, device=None, dtype: torch.dtype | None = None) -> SequenceModel:
@@ -101,5 +195,5 @@ def from_pretrained(directory, device=None, dtype: torch.dtype | None = None) ->
     model = SequenceModel(config)
     saved = next((tensor.dtype for tensor in weights.values() if tensor.is_floating_point()), None)
     model.to(dtype=saved)  # the saved precision unless ``dtype`` says otherwise
-    load_weights(model, weights, f"{str(Path(directory) / WEIGHTS_FILE)!r} (with {CONFIG_FILE} beside it)")
+    load_weights(model, weights, weights_source(Path(directory)))
     return model.to(device=resolve_device(device or "cpu"), dtype=dtype)

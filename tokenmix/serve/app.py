@@ -24,7 +24,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.exceptions import HTTPException
 
 from .engine import Busy, Failed, Token, Unavailable
-from .remote import EngineProcess, RemoteJob
+from .remote import EngineProcess, EngineStopped, RemoteJob, Restarting
 from .requests import ApiError, Completion, Limits, parse_completion
 
 DISCONNECT_POLL = 0.5  # seconds between checks that a non-streaming client is still there
@@ -72,6 +72,14 @@ class Mailbox:
 
 def error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def failure(event: Failed) -> ApiError:
+    """A failed request's error: 503 where the engine's process died under it (a retry is served once it is
+    restarted), 500 where the model failed."""
+    if isinstance(event, EngineStopped):
+        return ApiError(503, event.message, code="engine_stopped")
+    return ApiError(500, event.message, code="engine_error")
 
 
 class Choices:
@@ -141,14 +149,16 @@ def create_app(engine: EngineProcess, tokenizer, model_id: str, *, api_key: str 
 
     @app.get("/health")
     async def health():
-        if not engine.accepting:
-            return JSONResponse({"status": "stopped" if engine.stopped else "draining"}, status_code=503)
-        return {"status": "ok"}
+        report = engine.health()
+        return JSONResponse(report, status_code=200 if report["status"] == "ok" else 503)
 
     @app.get("/metrics")
     async def metrics(request: Request):
         authorize(request)
-        text = await engine.metrics_text() + generate_latest(own)
+        try:
+            text = await engine.metrics_text() + generate_latest(own)
+        except Unavailable as error:
+            raise ApiError(503, str(error), code="engine_unavailable") from None
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")
@@ -204,6 +214,8 @@ def create_app(engine: EngineProcess, tokenizer, model_id: str, *, api_key: str 
                     engine.cancel(earlier)
                 if isinstance(error, Busy):
                     raise ApiError(429, str(error), code="server_full", headers={"Retry-After": str(error.retry_after)}) from None
+                if isinstance(error, Restarting):
+                    raise ApiError(503, str(error), code="engine_restarting", headers={"Retry-After": str(error.retry_after)}) from None
                 if isinstance(error, Unavailable):
                     raise ApiError(503, str(error), code="shutting_down") from None
                 raise ApiError(400, str(error), "max_tokens") from None
@@ -211,7 +223,7 @@ def create_app(engine: EngineProcess, tokenizer, model_id: str, *, api_key: str 
     async def next_event(events: asyncio.Queue, timeout: float):
         base, event = await asyncio.wait_for(events.get(), timeout)
         if isinstance(event, Failed):
-            raise ApiError(500, event.message, code="engine_error")
+            raise failure(event)
         return base, event
 
     async def collect(request: Request, jobs: list[RemoteJob], events: asyncio.Queue, choices: Choices) -> None:
@@ -235,7 +247,7 @@ def create_app(engine: EngineProcess, tokenizer, model_id: str, *, api_key: str 
                 lines = []
                 for base, event in pending:
                     if isinstance(event, Failed):
-                        yield "".join(lines) + f"data: {json.dumps(ApiError(500, event.message, code='engine_error').body())}\n\n"
+                        yield "".join(lines) + f"data: {json.dumps(failure(event).body())}\n\n"
                         return
                     lines.append(f"data: {head}{json.dumps(choices.add(base + event.choice, event))}]}}\n\n")
                 yield "".join(lines)

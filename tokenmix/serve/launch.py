@@ -18,7 +18,8 @@ class ServerProcess:
         self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         listening = threading.Event()
-        threading.Thread(target=self._read, args=(listening,), daemon=True).start()
+        self.reader = threading.Thread(target=self._read, args=(listening,), daemon=True)
+        self.reader.start()
         if not listening.wait(STARTUP_SECONDS) or self.process.poll() is not None:
             self.stop()
             raise RuntimeError("tokenmix serve did not start: " + " | ".join(self.lines[-5:]))
@@ -32,10 +33,12 @@ class ServerProcess:
         listening.set()  # it exited: the waiter finds out
 
     def stop(self) -> int:
-        """Kill it if it still runs; its exit status."""
+        """Kill it if it still runs; its exit status (``lines`` then holds all it printed)."""
         if self.process.poll() is None:
             self.process.kill()
-        return self.process.wait(30)
+        status = self.process.wait(30)
+        self.reader.join(30)
+        return status
 
     def __enter__(self) -> ServerProcess:
         return self

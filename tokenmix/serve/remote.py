@@ -6,22 +6,32 @@ dispatch run one after the other even on two cores. Here ``EngineProcess`` (in t
 ``Engine`` in a child process and talks to it over two pipes: the server sends requests,
 cancellations and questions (admission, metrics, idleness); the child answers each question, and
 after every iteration sends the events of all its rows in one message.
+
+The server outlives its engine: when the child dies, its running requests end with an error and a
+new child is started (``EngineChild`` is one child, ``EngineProcess`` the sequence of them); a crash
+loop (more than ``restarts`` deaths within a minute) fails the engine, and the server exits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import multiprocessing
 import signal
 import threading
+import time
+from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
+from ..fields import Integer
 from .engine import Busy, Failed, Finished, Job, Sampling, Unavailable
 
 STARTUP_SECONDS = 600  # loading the model and measuring its state sizes
+RESTART_WINDOW = 60  # seconds: the engine has failed when its process dies more than ``restarts`` times within it
 
 
 @dataclass(eq=False)
@@ -39,9 +49,35 @@ class RemoteJob:
         self.running = self.sampling.n
 
 
-class EngineProcess:
-    """The server's side: ``submit`` (awaitable; raises ``Busy``, ``Unavailable`` or ValueError as
-    ``Engine.submit`` does), ``cancel``, ``drain``, ``idle``, ``metrics_text``, ``stop``."""
+@dataclass
+class EngineStopped(Failed):
+    """Event: the engine's process died under the request (HTTP 503: once it is restarted, a retry is served)."""
+
+
+class Restarting(Unavailable):
+    """Refusal: the engine's process died and a new one is starting (HTTP 503, ``Retry-After`` seconds)."""
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class EngineExited(RuntimeError):
+    """The engine's process exited while it started."""
+
+
+def exit_text(code: int | None) -> str:
+    """A process's exit code as people read it: ``-9 (SIGKILL)`` for a signal."""
+    try:
+        return f"{code} ({signal.Signals(-code).name})"
+    except (TypeError, ValueError):  # None, an exit status, or a signal without a name
+        return str(code)
+
+
+class EngineChild:
+    """One engine process and the server's side of its pipes: ``wait_ready``, ``submit`` (awaitable; raises
+    ``Busy``, ``Unavailable`` or ValueError as ``Engine.submit`` does), ``cancel``, ``ask``, ``read`` (until
+    the process goes), ``close`` (fail what still runs), ``stop``."""
 
     def __init__(self, settings: dict):
         context = multiprocessing.get_context("spawn")
@@ -52,30 +88,32 @@ class EngineProcess:
             target=serve_engine, args=(child_requests, child_events, settings), name="tokenmix-engine", daemon=True
         )
         self.process.start()
+        self.pid = self.process.pid
         child_requests.close()
         child_events.close()
-        self.accepting, self.stopped = True, False
+        self.alive, self.vocab_size = True, None
         self.jobs: dict[int, RemoteJob] = {}
         self.answers: dict[int, Future] = {}
         self.numbers = itertools.count(1)
         self.send_lock, self.state_lock = threading.Lock(), threading.Lock()
-        kind, value = self._receive_startup()
-        if kind == "error":
-            self.process.join(30)
-            raise ValueError(value)
-        self.vocab_size = value
-        threading.Thread(target=self._read, name="tokenmix-engine-events", daemon=True).start()
 
-    def _receive_startup(self):
+    def wait_ready(self) -> None:
+        """Wait until the engine is loaded (its ``vocab_size`` set); ValueError when the child refused its
+        settings, RuntimeError when it exited or took too long."""
         if not self.events.poll(STARTUP_SECONDS):
             self.process.kill()
             raise RuntimeError(f"the engine process did not start within {STARTUP_SECONDS} s")
         try:
-            return self.events.recv()
+            kind, value = self.events.recv()
         except EOFError:
-            raise RuntimeError(f"the engine process exited while starting (exit code {self.process.exitcode})") from None
+            self.process.join(1)
+            raise EngineExited(f"the engine process exited while starting (exit code {exit_text(self.process.exitcode)})") from None
+        if kind == "error":
+            self.process.join(30)
+            raise ValueError(value)
+        self.vocab_size = value
 
-    def _send(self, message: tuple) -> bool:
+    def send(self, message: tuple) -> bool:
         """Whether it went: not once the engine's process is gone (its reader then fails what was running)."""
         try:
             with self.send_lock:
@@ -84,28 +122,27 @@ class EngineProcess:
             return False
         return True
 
-    def _ask(self, question: str, *arguments) -> Future:
+    def ask(self, question: str, *arguments) -> Future:
+        """The child's answer; ``Unavailable`` while it loads (it reads no messages yet) or once it is gone."""
         answer: Future = Future()
         with self.state_lock:
-            if self.stopped:
-                answer.set_exception(Unavailable("the engine has stopped"))
+            if not self.alive or self.vocab_size is None:
+                answer.set_exception(Unavailable("the engine is starting" if self.alive else "the engine has stopped"))
                 return answer
             number = next(self.numbers)
             self.answers[number] = answer
-        if not self._send((question, number, *arguments)):
+        if not self.send((question, number, *arguments)):
             with self.state_lock:
                 self.answers.pop(number, None)
             answer.set_exception(Unavailable("the engine has stopped"))
         return answer
 
     async def submit(self, job: RemoteJob) -> None:
-        if not self.accepting:
-            raise Unavailable("the engine has stopped" if self.stopped else "the server is shutting down and takes no new requests")
         with self.state_lock:
             job.number = next(self.numbers)
             self.jobs[job.number] = job
         try:
-            refusal = await asyncio.wrap_future(self._ask("submit", job.number, job.prompt, job.sampling))
+            refusal = await asyncio.wrap_future(self.ask("submit", job.number, job.prompt, job.sampling))
         except BaseException:  # the engine stopped, or the handler was cancelled: nothing runs for it here
             self.cancel(job)
             raise
@@ -116,35 +153,23 @@ class EngineProcess:
             raise {"busy": Busy(message, retry_after), "unavailable": Unavailable(message)}.get(kind, ValueError(message))
 
     def cancel(self, job: RemoteJob) -> None:
-        """The client went away (or the answer is complete): its rows leave at the engine's next iteration."""
+        """The client went away (or the answer is complete): its rows leave at the engine's next iteration.
+        A job of an earlier process (numbers start again in each) is not this one's."""
         with self.state_lock:
-            running = self.jobs.pop(job.number, None) is not None and job.running > 0
+            running = self.jobs.get(job.number) is job and job.running > 0
+            if running:
+                del self.jobs[job.number]
         if running:
-            self._send(("cancel", job.number))
-
-    async def metrics_text(self) -> bytes:
-        return await asyncio.wrap_future(self._ask("metrics"))
-
-    def drain(self) -> None:
-        self.accepting = False
-        self._send(("drain",))
-
-    def idle(self) -> bool:
-        try:
-            return self._ask("idle").result(30)
-        except Unavailable:
-            return True
-        except (TimeoutError, FutureTimeout):  # no answer yet: still busy (the two differ before Python 3.11)
-            return False
+            self.send(("cancel", job.number))
 
     def stop(self) -> None:
-        if self._send(("stop",)):
+        if self.vocab_size is not None and self.send(("stop",)):  # one still loading reads no messages
             self.process.join(10)
         if self.process.is_alive():
             self.process.kill()
 
-    def _read(self) -> None:
-        """Deliver the child's events and answers until it goes; then every request still running fails."""
+    def read(self) -> None:
+        """Deliver the child's events and answers until it goes."""
         while True:
             try:
                 kind, payload = self.events.recv()
@@ -160,7 +185,6 @@ class EngineProcess:
                 if answer is not None and not answer.done():  # a cancelled asker's answer is dropped
                     answer.set_result(value)
         self.process.join(1)
-        self._fail_all(f"the engine process stopped (exit code {self.process.exitcode})")
 
     def _deliver(self, number: int, event) -> None:
         with self.state_lock:
@@ -176,9 +200,11 @@ class EngineProcess:
         except RuntimeError:  # its event loop is closed: the server is stopping
             pass
 
-    def _fail_all(self, message: str) -> None:
+    def close(self, message: str) -> None:
+        """The process is gone: every request still running ends with ``EngineStopped(message)``, every
+        question with ``Unavailable(message)``, and the pipes are closed."""
         with self.state_lock:
-            self.accepting, self.stopped = False, True
+            self.alive = False
             jobs, self.jobs = list(self.jobs.values()), {}
             answers, self.answers = list(self.answers.values()), {}
         for answer in answers:
@@ -186,9 +212,156 @@ class EngineProcess:
                 answer.set_exception(Unavailable(message))
         for job in jobs:
             try:
-                job.emit(Failed(message))
+                job.emit(EngineStopped(message))
             except RuntimeError:  # its event loop is closed: the server is stopping
                 pass
+        with self.send_lock:
+            self.requests.close()
+        self.events.close()
+
+
+class EngineProcess:
+    """The server's engine: one ``EngineChild`` at a time, a new one started when its process dies, unless
+    the process died more than ``restarts`` times within ``RESTART_WINDOW`` seconds: then the engine has
+    failed, ``on_failure``'s callback is told why, and the server should exit (as vLLM's does when its
+    engine dies). ``submit``, ``cancel``, ``drain``, ``idle``, ``metrics_text``, ``health``, ``stop``;
+    ``report(line)`` hears of each restart."""
+
+    def __init__(self, settings: dict, *, restarts: int, report: Callable[[str], None] | None = None):
+        self.allowed = Integer(0).check(restarts, "restarts")
+        self.settings, self.report = settings, report or (lambda line: None)
+        self.lock = threading.Lock()
+        self.state = "ok"  # then "restarting", back to "ok"; or "draining", "stopped", "failed"
+        self.restarts, self.last_exit_code, self.cause = 0, None, ""
+        self.deaths: deque[tuple[float, int | None]] = deque()  # (time, exit code) within the window
+        self.failure: str | None = None
+        self.failure_callback: Callable[[str], None] | None = None
+        self.child = EngineChild(settings)
+        began = time.monotonic()
+        self.child.wait_ready()
+        self.startup_seconds = time.monotonic() - began
+        self.vocab_size = self.child.vocab_size
+        threading.Thread(target=self._supervise, name="tokenmix-engine-supervisor", daemon=True).start()
+
+    async def submit(self, job: RemoteJob) -> None:
+        with self.lock:
+            if self.state != "ok":
+                raise self._refusal()
+            child = self.child
+        await child.submit(job)
+
+    def _refusal(self) -> Unavailable:
+        if self.state == "restarting":
+            retry_after = max(1, math.ceil(self.startup_seconds))
+            return Restarting(f"the engine is restarting after its process died ({self.cause}); retry in {retry_after} s", retry_after)
+        if self.state == "draining":
+            return Unavailable("the server is shutting down and takes no new requests")
+        return Unavailable(self.failure or "the engine has stopped")
+
+    def cancel(self, job: RemoteJob) -> None:
+        self.child.cancel(job)
+
+    async def metrics_text(self) -> bytes:
+        return await asyncio.wrap_future(self.child.ask("metrics"))
+
+    def health(self) -> dict:
+        """The engine's state ("ok", "restarting", "draining", "stopped" or "failed"), its process's pid,
+        how often it was restarted and the last exit code of a dead one."""
+        with self.lock:
+            engine = {"pid": self.child.pid, "restarts": self.restarts, "last_exit_code": self.last_exit_code}
+            return {"status": self.state, "engine": engine}
+
+    def on_failure(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(reason)`` once the engine has failed (at once if it already has)."""
+        with self.lock:
+            self.failure_callback, reason = callback, self.failure
+        if reason is not None:
+            callback(reason)
+
+    def drain(self) -> None:
+        with self.lock:
+            if self.state in ("ok", "restarting"):
+                self.state = "draining"
+            child = self.child
+        child.send(("drain",))
+
+    def idle(self) -> bool:
+        try:
+            return self.child.ask("idle").result(30)
+        except Unavailable:
+            return True
+        except (TimeoutError, FutureTimeout):  # no answer yet: still busy (the two differ before Python 3.11)
+            return False
+
+    def stop(self) -> None:
+        with self.lock:
+            if self.state != "failed":
+                self.state = "stopped"
+            child = self.child
+        child.stop()
+
+    def _supervise(self) -> None:
+        """Read each child until its process goes, fail its requests, start the next one."""
+        child = self.child
+        while child is not None:
+            child.read()
+            message = self._died(child.process.exitcode)
+            child.close(message)
+            child = self._restart(message)
+
+    def _restart(self, message: str) -> EngineChild | None:
+        """A new child serving in the dead one's place; None where the server stops instead (having told
+        ``on_failure``'s callback why, where the engine failed)."""
+        while self.state == "restarting":
+            self.report(f"the engine process died ({self.cause}); restarting it (restart {self.restarts}, at most {self.allowed} a minute)")
+            began = time.monotonic()
+            child = EngineChild(self.settings)
+            with self.lock:
+                self.child, stopping = child, self.state == "stopped"  # /health shows its pid; stop() stops it
+            if stopping:  # stop() came while it was spawned
+                child.stop()
+            try:
+                child.wait_ready()
+            except (ValueError, RuntimeError) as error:  # it exited, refused its settings or took too long
+                message = self._died(child.process.exitcode, "" if isinstance(error, EngineExited) else str(error))
+                child.close(message)
+                continue
+            with self.lock:
+                restarted = self.state == "restarting"
+                if restarted:
+                    self.state, self.startup_seconds = "ok", time.monotonic() - began
+            if restarted:
+                self.report(f"the engine is back (pid {child.pid}, started in {self.startup_seconds:.1f} s)")
+            return child
+        with self.lock:
+            callback = self.failure_callback if self.state == "failed" else None
+        if callback is not None:
+            callback(message)
+        return None
+
+    def _died(self, exit_code: int | None, error: str = "") -> str:
+        """Record a death of the engine's process (``error``: why it failed to start, where its exit code does
+        not say) and move to the state it leaves; the message for the requests it ends."""
+        now = time.monotonic()
+        with self.lock:
+            self.last_exit_code, self.cause = exit_code, f"exit code {exit_text(exit_code)}{f': {error}' if error else ''}"
+            self.deaths.append((now, exit_code))
+            while self.deaths[0][0] < now - RESTART_WINDOW:
+                self.deaths.popleft()
+            if self.state not in ("ok", "restarting"):
+                self.state = "stopped"
+                return f"the engine process died ({self.cause})"
+            if len(self.deaths) > self.allowed:
+                self.state = "failed"
+                died = "once" if len(self.deaths) == 1 else f"{len(self.deaths)} times"
+                codes = ", ".join(exit_text(code) for _, code in self.deaths)
+                self.failure = (
+                    f"the engine process died {died} within {RESTART_WINDOW} s (exit codes: {codes}; restarts allowed a minute: "
+                    f"{self.allowed}){f'; the last: {error}' if error else ''}"
+                )
+                return self.failure
+            self.state, self.restarts = "restarting", self.restarts + 1
+            return f"the engine process died ({self.cause}) and is being restarted: retry in a few seconds"
 
 
 def serve_engine(requests, events, settings: dict) -> None:

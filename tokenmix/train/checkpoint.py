@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..files import atomic_write
+from ..models.saving import tensor_bytes
 from .sharded_checkpoint import read_weights, shards_of
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -35,8 +36,14 @@ TRAIN_CONFIG_KEYS = {"data": str, "seq_len": int, "seed": int}  # what eval, gen
 
 
 def save_checkpoint(path, state: dict) -> None:
-    """Write atomically: a kill during the save leaves the previous checkpoint (and a stale .tmp)."""
-    atomic_write(path, lambda temporary: torch.save({**state, FORMAT_KEY: CHECKPOINT_FORMAT}, temporary))
+    """Write atomically: a kill during the save leaves the previous checkpoint (and a stale .tmp), failing
+    storage a MachineFault naming the file (and the previous checkpoint)."""
+    atomic_write(path, lambda temporary: _save(temporary, {**state, FORMAT_KEY: CHECKPOINT_FORMAT}), size=tensor_bytes(state))
+
+
+def _save(path: Path, state: dict) -> None:
+    with open(path, "wb") as file:  # through Python's file: a failed write's OSError reaches the caller (a path would hide it)
+        torch.save(state, file)
 
 
 def resolve_checkpoint(path) -> Path:
@@ -325,12 +332,24 @@ def model_from_checkpoint(path, device="cpu"):
 
     file = resolve_checkpoint(path)
     state = load_checkpoint(file)
-    config = model_config_of(state, file)
+    config, weights = checked_model_of(state, file)
     model = SequenceModel(config)
-    load_weights(model, checkpoint_weights(state, file), str(file))
+    load_weights(model, weights, str(file))
     tokenizer = checkpoint_tokenizer(state, file)
     check_tokenizer_beside(file, tokenizer)
     return model.to(resolve_device(device)).eval(), state["train_config"], tokenizer
+
+
+def checked_model_of(state: dict, file: Path):
+    """(ModelConfig, weights) of a checkpoint, the config checked against the weights before any model is
+    built: a config asking for more than they hold (a depth of 10^7, a width of 10^9) is refused at no cost."""
+    from ..models.pretrained import check_fits, check_sizes
+
+    weights, source = checkpoint_weights(state, file), f"checkpoint {str(file)!r}"
+    check_sizes(state["model_config"], weights, source)
+    config = model_config_of(state, file)
+    check_fits(config, weights, source)
+    return config, weights
 
 
 def checkpoint_weights(state: dict, file: Path) -> dict[str, torch.Tensor]:

@@ -26,7 +26,7 @@ from .checkpoint import (
 )
 from .runs import MODEL_DIRECTORY, resume_changes
 from .sharded_checkpoint import SHARDS_KEY, load_shards, remove_unused_shards, save_shards, shards_of
-from .stopping import TrainingDiverged
+from .stopping import RunFinished, TrainingDiverged
 
 
 def check_world_size(checkpoint: dict, world_size: int, path: Path) -> None:
@@ -79,7 +79,7 @@ class CheckpointedRun:
         finished = state["total_steps"] is not None and state["step"] >= state["total_steps"]
         model_written = (self.out / MODEL_DIRECTORY / "config.json").is_file()  # absent: stopped before its final evaluation
         if finished and model_written and not {"steps", "minutes"} & set(changes):
-            raise ValueError(
+            raise RunFinished(
                 f"--resume: the run in {str(self.out)!r} already finished at step {state['step']}; "
                 f"give --steps > {state['step']} (or a longer --minutes) to train further"
             )

@@ -13,6 +13,7 @@ from ..mixers.parts import find_option
 from ..models.config import POOLS, ModelConfig
 from ..models.registry import list_models, resolve_model_options
 from ..precision import PRECISIONS
+from .distributed import DEFAULT_COLLECTIVE_TIMEOUT
 from .recipes import list_recipes
 from .schedule import SCHEDULES
 
@@ -93,6 +94,11 @@ class TrainConfig:
         "fp16 scales the loss (docs/training.md)",
     )
     compile: bool = setting(False, None, "torch.compile each block, forward and backward (docs/training.md); the first steps compile")
+    collective_timeout: float = setting(
+        DEFAULT_COLLECTIVE_TIMEOUT,
+        Number(0, open_minimum=True),
+        "torchrun: seconds a process waits for the others at a collective before it stops, naming its rank and what it waited for",
+    )
     eval_every: int = setting(150, Integer(1), "validate every this many steps, on --eval-tokens tokens")
     eval_tokens: int = setting(32768, Integer(1), "validation tokens of each periodic evaluation")
     final_eval_tokens: int | None = setting(

@@ -23,7 +23,7 @@ from ..data.tokenizer import TOKENIZER_FILE, Tokenizer, byte_tokenizer
 from ..models.config import ModelConfig
 from ..models.pretrained import load_weights, read_saved
 from ..models.saving import CONFIG_FILE, WEIGHTS_FILE
-from .checkpoint import checkpoint_tokenizer, checkpoint_weights, load_checkpoint, model_config_of, resolve_checkpoint
+from .checkpoint import checked_model_of, checkpoint_tokenizer, load_checkpoint, resolve_checkpoint
 
 HEAD_PREFIX = "classifier."
 # Settings that come from the pretrained model (a fine-tuning run cannot change them).
@@ -60,7 +60,7 @@ def read_pretrained(path) -> Pretrained:
     if tokenizer is None:
         data = state["train_config"].get("data")
         raise ValueError(f"{str(path)!r} was trained on {data!r}, which is not text: nothing to fine-tune on text")
-    return Pretrained(model_config_of(state, file), checkpoint_weights(state, file), tokenizer, dict(state["train_config"]))
+    return Pretrained(*checked_model_of(state, file), tokenizer, dict(state["train_config"]))
 
 
 def finetuned_task(pretrained: Pretrained, path) -> str:

@@ -32,6 +32,7 @@ from ..data.sources import DataSource, load_data
 from ..data.tokenizer import TOKENIZER_FILE, Tokenizer
 from ..devices import resolve_device
 from ..models.model import ModelState, SequenceModel
+from ..models.pretrained import from_pretrained
 from ..models.saving import save_pretrained
 from ..parallel import ContextParallel, context_parallel_problems
 from ..parallel.fsdp import full_state_dict, shard_model
@@ -49,6 +50,7 @@ from .config import DEFAULT_WARMUP, TrainConfig, parse_interval
 from .distributed import DistributedContext, check_launch, init_distributed
 from .evaluate import EVAL_BATCH, describe
 from .finetune import Pretrained, check_init_task, load_initial_weights, read_pretrained
+from .lock import RunLock, torchrun_rank
 from .memory import GB, check_memory_fits, describe_memory, estimate_training_memory, peak_memory
 from .objectives import check_task, objective_for
 from .optim import build_optimizer
@@ -82,6 +84,15 @@ class Trainer(CheckpointedRun):
         self.started = time.perf_counter()  # this session's wall time runs from reading the data to the saved model
         self.config = config
         self.out = Path(config.out)
+        command = ("finetune" if config.init is not None else "train") + (" --resume" if resume else "")
+        self.lock = RunLock(self.out, command) if torchrun_rank() == 0 else None  # first: a second writer is refused at once
+        try:
+            self._set_up(config, resume, progress, overwrite, pretrained, allow_data_change, memory_check)
+        except BaseException:
+            self.release_lock()
+            raise
+
+    def _set_up(self, config, resume, progress, overwrite, pretrained, allow_data_change, memory_check) -> None:
         self.progress = progress
         if config.threads:
             set_threads(config.threads)
@@ -130,7 +141,7 @@ class Trainer(CheckpointedRun):
             raise ValueError(f"--context-parallel {config.context_parallel}: " + "; ".join(problems))
         if not resume:
             check_directory(self.out, overwrite)  # on every rank, before any of them waits for the others
-        self.context: DistributedContext = init_distributed(self.device, config.context_parallel)
+        self.context: DistributedContext = init_distributed(self.device, config.context_parallel, config.collective_timeout)
         if checkpoint is not None:
             check_world_size(checkpoint, self.context.world_size, self.out / CHECKPOINT_FILE)
         self.model.to(self.device)
@@ -155,7 +166,7 @@ class Trainer(CheckpointedRun):
                 self.removed_stale = claim_directory(self.out, overwrite)
                 if self.tokenizer is not None:
                     self.tokenizer.save(self.out / TOKENIZER_FILE)
-        self.context.barrier()
+        self.context.barrier("the main process to set up the run directory")
         if config.compile:  # after the memory estimate (eager: a probe's other batch sizes would compile too), before FSDP or DDP
             compile_blocks(self.model)
         self.trained = self.model
@@ -309,11 +320,23 @@ class Trainer(CheckpointedRun):
         return [value > 0 for value in self.context.all_reduce_max([float(flag) for flag in flags])]
 
     def run(self) -> dict:
-        """Train to ``total_steps``; returns the final validation metrics.
+        """Train to ``total_steps``; returns the final validation metrics. The run's lock is released
+        after it (nothing writes the run after training), so another process may resume it.
 
         Raises TrainingInterrupted after saving when SIGINT/SIGTERM arrives, TrainingDiverged on a
         non-finite loss (nothing saved over the last good checkpoint).
         """
+        try:
+            with self.context.faults("the other processes during training"):
+                return self._train()
+        finally:
+            self.release_lock()
+
+    def release_lock(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+    def _train(self) -> dict:
         config = self.config
         trained_tokens = 0  # this session's, on every rank
         bar = progress_bar(
@@ -326,61 +349,60 @@ class Trainer(CheckpointedRun):
         step_seconds: list[float] = []
         started = last_save = time.perf_counter()
         with StopSignals() as signals:
-            while self.total_steps is None or self.step < self.total_steps:
-                tick = time.perf_counter()
-                loss, tokens = self.train_step()
-                loss = self.context.all_reduce_mean(loss)
-                elapsed = time.perf_counter() - tick
-                if not math.isfinite(loss):
-                    bar.close()
-                    raise TrainingDiverged(
-                        f"the loss became {loss} at step {self.step}: training stopped, and the last good checkpoint "
-                        f"in {str(self.out)!r} is kept. Start again with a lower --lr or a longer --warmup (--overwrite replaces this run)"
-                    )
-                self.train_seconds += elapsed
-                step_seconds.append(elapsed)
-                if self.total_steps is None and len(step_seconds) == CALIBRATION_STEPS:
-                    self._calibrate(sum(step_seconds) / len(step_seconds))
-                    bar.total = self.total_steps
-                    if self.warmup_steps >= self.total_steps:
-                        bar.write(
-                            f"warning: --warmup {self.warmup_steps} reaches past the {self.total_steps} steps the time budget "
-                            "allows: the learning rate will not reach --lr. Lower --warmup or raise --minutes"
+            with bar:  # closed on any way out: a message after it starts on a line of its own
+                while self.total_steps is None or self.step < self.total_steps:
+                    tick = time.perf_counter()
+                    loss, tokens = self.train_step()
+                    loss = self.context.all_reduce_mean(loss)
+                    elapsed = time.perf_counter() - tick
+                    if not math.isfinite(loss):
+                        raise TrainingDiverged(
+                            f"the loss became {loss} at step {self.step}: training stopped, and the last good checkpoint "
+                            f"in {str(self.out)!r} is kept. Start again with a lower --lr or a longer --warmup "
+                            "(--overwrite replaces this run)"
                         )
-                tokens *= self.context.data_parallel_size  # data-parallel groups draw batches alike in size
-                trained_tokens += tokens
-                rate = tokens / elapsed
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}")
-                self.log(
-                    {
-                        "step": self.step,
-                        "loss": loss,
-                        "lr": self.scheduler.get_last_lr()[0],
-                        "tokens_per_s": rate,
-                        "elapsed_s": time.perf_counter() - started,
-                    }
-                )
-                if self.step % config.eval_every == 0 and config.minutes is not None and (self.total_steps or 0) > self.step:
-                    self._calibrate(self.train_seconds / self.step)
-                    bar.total = self.total_steps
-                if self.step % config.eval_every == 0 or self.step == self.total_steps:
-                    metrics = self.evaluate("val", config.eval_tokens)
-                    self.log({"step": self.step, "split": "val", **metrics})
-                    bar.write(f"step {self.step}: val {describe(metrics)}")
-                due = self.step % self.save_steps == 0 if self.save_steps else time.perf_counter() - last_save >= self.save_seconds
-                stop, due = self._agree(signals.received is not None, due or self.step == self.total_steps)
-                if due or stop:
-                    self.save()
-                    last_save = time.perf_counter()
-                if stop:
-                    bar.close()
-                    self.log({"step": self.step, "event": "interrupted", "signal": signals.received})
-                    raise TrainingInterrupted(
-                        f"stopped by {signals.received or 'a signal'} at step {self.step}; checkpoint saved to "
-                        f"{str(self.out / CHECKPOINT_FILE)!r}. Continue with: tokenmix train --resume --out {self.out}"
+                    self.train_seconds += elapsed
+                    step_seconds.append(elapsed)
+                    if self.total_steps is None and len(step_seconds) == CALIBRATION_STEPS:
+                        self._calibrate(sum(step_seconds) / len(step_seconds))
+                        bar.total = self.total_steps
+                        if self.warmup_steps >= self.total_steps:
+                            bar.write(
+                                f"warning: --warmup {self.warmup_steps} reaches past the {self.total_steps} steps the time budget "
+                                "allows: the learning rate will not reach --lr. Lower --warmup or raise --minutes"
+                            )
+                    tokens *= self.context.data_parallel_size  # data-parallel groups draw batches alike in size
+                    trained_tokens += tokens
+                    rate = tokens / elapsed
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}")
+                    self.log(
+                        {
+                            "step": self.step,
+                            "loss": loss,
+                            "lr": self.scheduler.get_last_lr()[0],
+                            "tokens_per_s": rate,
+                            "elapsed_s": time.perf_counter() - started,
+                        }
                     )
-            bar.close()
+                    if self.step % config.eval_every == 0 and config.minutes is not None and (self.total_steps or 0) > self.step:
+                        self._calibrate(self.train_seconds / self.step)
+                        bar.total = self.total_steps
+                    if self.step % config.eval_every == 0 or self.step == self.total_steps:
+                        metrics = self.evaluate("val", config.eval_tokens)
+                        self.log({"step": self.step, "split": "val", **metrics})
+                        bar.write(f"step {self.step}: val {describe(metrics)}")
+                    due = self.step % self.save_steps == 0 if self.save_steps else time.perf_counter() - last_save >= self.save_seconds
+                    stop, due = self._agree(signals.received is not None, due or self.step == self.total_steps)
+                    if due or stop:
+                        self.save()
+                        last_save = time.perf_counter()
+                    if stop:
+                        self.log({"step": self.step, "event": "interrupted", "signal": signals.received})
+                        raise TrainingInterrupted(
+                            f"stopped by {signals.received or 'a signal'} at step {self.step}; checkpoint saved to "
+                            f"{str(self.out / CHECKPOINT_FILE)!r}. Continue with: tokenmix train --resume --out {self.out}"
+                        )
             # Training is done and saved; a signal from here on lets the final evaluation and the model files finish.
             final = self.evaluate("val", config.final_eval_tokens)
             if step_seconds:
@@ -398,13 +420,26 @@ class Trainer(CheckpointedRun):
                 save_pretrained(self.model, self.out / MODEL_DIRECTORY, weights)
                 if self.tokenizer is not None:
                     self.tokenizer.save(self.out / MODEL_DIRECTORY / TOKENIZER_FILE)
-        self.context.barrier()
+        self.context.barrier("the main process to save the final model")
         return final
 
-    def close(self) -> None:
-        """Leave the process group. The DDP wrapper goes first, while its communicator is alive:
-        gloo work it still held when freed at interpreter exit aborted a rank now and then. It sits in
-        reference cycles, so dropping the reference is not enough: collect it now."""
+    def whole_model(self) -> SequenceModel:
+        """The trained model whole in this process: with ``--fsdp`` (each process holds a shard) the one
+        ``run`` saved in the run's model folder, read back."""
+        if not self.config.fsdp:
+            return self.model
+        model = from_pretrained(self.out / MODEL_DIRECTORY, self.device)
+        model.precision = self.config.precision
+        return model
+
+    def close(self, wait: bool = True) -> None:
+        """Leave the process group (``wait``: for the other processes first; not after an error). The DDP
+        wrapper goes first, while its communicator is alive: gloo work it still held when freed at
+        interpreter exit aborted a rank now and then. It sits in reference cycles, so dropping the
+        reference is not enough: collect it now."""
         self.trained = self.model
         gc.collect()
-        self.context.close()
+        try:
+            self.context.close(wait)
+        finally:
+            self.release_lock()

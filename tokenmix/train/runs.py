@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..data.tokenizer import TOKENIZER_FILE
 from ..fields import check_writable
-from ..files import remove_stale_temporaries, write_text_atomic
+from ..files import append_line, remove_stale_temporaries, write_text_atomic
 from .checkpoint import CHECKPOINT_FILE
 from .sharded_checkpoint import SHARDS_DIRECTORY, remove_unused_shards
 
@@ -25,7 +25,7 @@ RUN_FILES = (CHECKPOINT_FILE, SHARDS_DIRECTORY, METRICS_FILE, MODEL_DIRECTORY, T
 # how its work is spread over processes or compiled. The precision is kept: a run resumed in another would not continue it exactly.
 RESUMABLE = (
     "steps", "minutes", "eval_every", "eval_tokens", "final_eval_tokens", "save_every", "threads", "device", "check_finite", "out",
-    "context_parallel", "fsdp", "activation_checkpointing", "compile",
+    "context_parallel", "fsdp", "activation_checkpointing", "compile", "collective_timeout",
 )  # fmt: skip
 
 
@@ -121,9 +121,7 @@ def training_cost(run: Path) -> dict:
 
 def append_metrics(out: Path, record: dict) -> None:
     """One record (a JSON line) at the end of the run's ``metrics.jsonl``."""
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / METRICS_FILE, "a") as handle:
-        handle.write(json.dumps(record) + "\n")
+    append_line(out / METRICS_FILE, json.dumps(record))
 
 
 def truncate_metrics(path: Path, step: int) -> int:

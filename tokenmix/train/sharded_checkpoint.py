@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -30,6 +31,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+
+from ..files import os_error_of, storage_fault
 
 SHARDS_KEY = "shards"
 SHARDS_DIRECTORY = "shards"
@@ -63,7 +66,15 @@ def save_shards(out: Path, step: int, model, optimizer, is_main: bool, barrier) 
         shutil.rmtree(out / folder)
     barrier()
     tensors, settings = _tensors_and_settings(model, optimizer)
-    dcp.save(tensors, storage_writer=HuggingFaceStorageWriter(str(out / folder), save_distributed=True))
+    try:
+        dcp.save(tensors, storage_writer=HuggingFaceStorageWriter(str(out / folder), save_distributed=True))
+    except (Exception, CheckpointException) as error:  # DCP's exception, raised on every process, is a BaseException
+        cause = os_error_of(error)
+        if cause is None:
+            raise
+        if is_main:
+            shutil.rmtree(out / folder, ignore_errors=True)
+        raise storage_fault(out / folder, cause) from None
     return folder, settings
 
 

@@ -11,6 +11,10 @@ class TrainingInterrupted(Exception):
     """SIGINT or SIGTERM stopped training after a checkpoint was saved."""
 
 
+class RunFinished(ValueError):
+    """A resume of a run that already trained its steps and saved its model: nothing to do."""
+
+
 class TrainingDiverged(Exception):
     """The loss became NaN or Inf; the last good checkpoint is kept."""
 
