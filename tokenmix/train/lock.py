@@ -13,8 +13,8 @@ import socket
 import time
 from pathlib import Path
 
-from ..fields import check_writable
 from ..files import storage_fault
+from .runs import check_run_folder
 
 LOCK_FILE = ".writer.lock"
 
@@ -30,7 +30,7 @@ class RunLock:
     def __init__(self, directory, command: str):
         self.directory = Path(directory)
         self.path = self.directory / LOCK_FILE
-        check_writable(self.directory, f"--out {str(self.directory)!r}")  # a folder that cannot be made is the user's to fix
+        check_run_folder(self.directory)  # a folder that cannot be made is the user's to fix
         self.created = not self.directory.exists()  # removed again by ``release`` if the run left it empty
         while True:  # a holder that released between our open and our lock unlinked the file we opened: lock the new one
             try:

@@ -33,11 +33,16 @@ def existing_run_files(out: Path) -> list[str]:
     return [name for name in RUN_FILES if (out / name).exists()]
 
 
-def check_directory(out: Path, overwrite: bool) -> None:
-    """ValueError if ``out`` is a file, or holds a run and ``overwrite`` is False (read only: every rank may ask)."""
+def check_run_folder(out: Path) -> None:
+    """ValueError unless ``out`` is a folder this process can write, or can create."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} is a file; give a folder for the run")
     check_writable(out, f"--out {str(out)!r}")
+
+
+def check_directory(out: Path, overwrite: bool) -> None:
+    """ValueError if ``out`` is a file, or holds a run and ``overwrite`` is False (read only: every rank may ask)."""
+    check_run_folder(out)
     found = existing_run_files(out)
     if found and not overwrite:
         raise ValueError(
