@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-STEPS = 80
+STEPS = 100
 TRAIN = ["-m", "tokenmix.cli", "train", "--resume", "auto", "--dim", "16", "--depth", "1", "--seq-len", "32", "--batch-size", "2"]
 TRAIN += ["-o", "rpe_dim=4", "--steps", str(STEPS), "--save-every", "1", "--eval-every", str(STEPS), "--eval-tokens", "64"]
 TRAIN += ["--final-eval-tokens", "256", "--sample-tokens", "8", "--threads", "1"]
@@ -43,6 +43,16 @@ def trained_since(run: Path, moment: float) -> bool:
         return any('"loss"' in line and '"event"' not in line for line in path.read_text().splitlines())
     except OSError:
         return False
+
+
+def last_step(run: Path) -> int:
+    """The last training step the run's metrics record (0 before any)."""
+    try:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return 0
+    steps = [json.loads(line)["step"] for line in lines[:-1] if '"loss"' in line and '"event"' not in line and '"split"' not in line]
+    return max(steps, default=0)
 
 
 def workers(parent: int) -> list[int]:
@@ -79,7 +89,10 @@ def kill_repeatedly(command: list[str], run: Path, kills: int, seed: int, proces
                 if job.returncode == 0 or made >= kills:
                     return made
                 raise AssertionError(log.read_text()[-3000:])
-            time.sleep(rng.uniform(0, 0.3))  # mid-step, mid-save, mid-evaluation: wherever it is
+            goal = last_step(run) + rng.randint(0, 1)  # a kill at most two steps on, however fast the machine
+            while job.poll() is None and last_step(run) < goal:
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0, 0.05))  # mid-step, mid-save, mid-evaluation: wherever it is
             if made == kills:
                 job.wait(timeout=600)
                 assert job.returncode == 0, log.read_text()[-3000:]
