@@ -57,8 +57,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 import tokenmix
-from tokenmix.bench.cli import read_records
-from tokenmix.bench.report import comparison_rows, condition_differences
+from tokenmix.bench.compare import comparison_rows, condition_differences, read_records
 from tokenmix.cli import main
 from tokenmix.data.corpus import load_corpus
 from tokenmix.data.glue import load_glue

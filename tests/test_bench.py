@@ -10,9 +10,9 @@ import torch
 from conftest import usage_error
 
 from tokenmix.bench import MEASUREMENT_FIELDS, Case, measure
-from tokenmix.bench import cli as bench_cli
+from tokenmix.bench import run as bench_run
 from tokenmix.bench import serve as serve_bench
-from tokenmix.bench.cli import apply_presets, bench_cases
+from tokenmix.bench.plan import apply_presets, bench_cases
 from tokenmix.bench.records import GenerateMeasurement, MixerGenerateMeasurement, failed_measurement
 from tokenmix.bench.report import markdown_report, reading
 from tokenmix.bench.timing import time_tokens
@@ -130,14 +130,14 @@ def test_output_paths_are_checked_before_anything_is_measured(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_a_failed_case_is_reported_and_the_others_kept(tmp_path, capsys, monkeypatch):
-    original = bench_cli.run_in_subprocess
+    original = bench_run.run_in_subprocess
 
     def flaky(case, repeats, threads, profile):
         if case.length == 16:
             return failed_measurement(case, "RuntimeError: out of memory")
         return original(case, repeats, threads, profile)
 
-    monkeypatch.setattr(bench_cli, "run_in_subprocess", flaky)
+    monkeypatch.setattr(bench_run, "run_in_subprocess", flaky)
     output, report = tmp_path / "bench.json", tmp_path / "bench.md"
     arguments = ["bench", "--mixers", "tno", "--kinds", "mixer", "--causal", "no", "--lengths", "8,16", *SIZES]
     assert main([*arguments, "--output", str(output), "--report", str(report)]) == 1
@@ -188,7 +188,7 @@ def test_every_finished_case_is_on_disk_before_the_next_one(tmp_path, monkeypatc
             raise KeyboardInterrupt
         return measure(case, repeats)
 
-    monkeypatch.setattr(bench_cli, "run_in_subprocess", interrupted_after_one)
+    monkeypatch.setattr(bench_run, "run_in_subprocess", interrupted_after_one)
     output = tmp_path / "bench.json"
     with pytest.raises(SystemExit):
         main(["bench", "--mixers", "tno", "--kinds", "mixer", "--causal", "no", "--lengths", "8,16", *SIZES, "--output", str(output)])
@@ -295,7 +295,7 @@ def test_generate_run_writes_records_tables_and_plots(tmp_path, capsys, monkeypa
             return failed_measurement(case, "RuntimeError: out of memory")
         return measure(case, repeats)
 
-    monkeypatch.setattr(bench_cli, "run_in_subprocess", in_process)
+    monkeypatch.setattr(bench_run, "run_in_subprocess", in_process)
     output, plots, report = tmp_path / "bench.json", tmp_path / "plots", tmp_path / "bench.md"
     arguments = [
         *GENERATE_SIZES,
@@ -387,7 +387,7 @@ def test_distilled_variants_decode_beside_the_exact_models(monkeypatch, tmp_path
     """``--distilled N`` adds, for each model with Toeplitz mixers, the model with ``ssm`` mixers of order N (its rows
     "NAME (ssm N)", a state that does not grow), and the ssm mixer decoded beside the Toeplitz mixers; ``--generate-batch``
     decodes that many sequences at once."""
-    monkeypatch.setattr(bench_cli, "run_in_subprocess", lambda case, repeats, threads, profile: measure(case, repeats))
+    monkeypatch.setattr(bench_run, "run_in_subprocess", lambda case, repeats, threads, profile: measure(case, repeats))
     output = tmp_path / "bench.json"
     flags = ["--models", "tnn,mega", "--distilled", "4", "--generate-batch", "3", "--lengths", "8,32", "--stream-lengths", "8"]
     assert main(["bench", *GENERATE_SIZES, *flags, "--mixers", "tno", "--output", str(output)]) == 0
@@ -412,7 +412,7 @@ def test_distilled_variants_decode_beside_the_exact_models(monkeypatch, tmp_path
     ],
 )
 def test_bad_generate_options_are_refused_before_anything_is_measured(flags, message, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(bench_cli, "run_in_subprocess", lambda *arguments: pytest.fail("measured"))
+    monkeypatch.setattr(bench_run, "run_in_subprocess", lambda *arguments: pytest.fail("measured"))
     output = tmp_path / "bench.json"
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", *GENERATE_SIZES, "--models", "tnn", "--lengths", "8", "--stream-lengths", "8", *flags, "--output", str(output)])
@@ -449,7 +449,7 @@ def test_serve_run_drives_the_real_server_and_writes_records_tables_and_a_plot(t
     printed = capsys.readouterr().out
     assert "vs_batched" in printed and "second_ttft_ms" in printed and "refused_429" in printed and "prefill_s" in printed
     assert (plots / "serve.png").stat().st_size > 0
-    assert bench_cli.bench_tables(records) in printed
+    assert bench_run.bench_tables(records) in printed
 
 
 def test_serve_rounds_are_summed_up_by_their_median_rates_and_every_request():

@@ -196,7 +196,7 @@ def test_bad_context_parallel_runs_stop_before_any_work(flags, message, tmp_path
 def test_the_scale_bench_measures_what_a_split_saves(tmp_path):
     """``tokenmix bench --kinds scale`` under torchrun: per process, a split sequence keeps fewer activations
     and fits a longer sequence in the same budget; exchanges send bytes only when split; JSON, table and plot."""
-    from tokenmix.bench.cli import bench_tables
+    from tokenmix.bench.run import bench_tables
 
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "tokenmix.cli", "bench"]
     command += ["--kinds", "scale", "--models", "tnn,tcnca", "--lengths", "256,512", "--model-dim", "16", "--depth", "1"]

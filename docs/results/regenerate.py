@@ -34,7 +34,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenmix.bench.cli import bench_tables, comparison_table
+from tokenmix.bench.compare import comparison_table
+from tokenmix.bench.run import bench_tables
 from tokenmix.cli.distil import distil_report
 from tokenmix.cli.evaluate import eval_report
 from tokenmix.files import write_text_atomic

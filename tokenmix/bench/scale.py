@@ -42,6 +42,13 @@ from ..train.objectives import shard_cross_entropy
 from .cases import DTYPES, MODEL_VOCAB
 
 SCALE_KINDS = ("scale", "scale_limit")
+SCALE = {  # the defaults of --kinds scale
+    "models": ["tnn", "fd_tnn", "ski_tnn", "tcnca", "transformer"],
+    "lengths": [16384, 32768, 65536],
+    "model_dim": 256,
+    "depth": 4,
+    "repeats": 3,
+}
 COLLECTIVES = ("c10d", "alltoall", "all_to_all", "allreduce", "all_reduce")  # in the names of the profiler's communication operators
 BISECTIONS = 8
 MIB = 2**20

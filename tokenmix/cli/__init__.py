@@ -4,7 +4,8 @@ Each command reads and checks its input (arguments, data, checkpoints) inside ``
 a problem there is reported in one line (exit status 2). Errors after that are bugs and keep
 their traceback. A failing machine (a full disk, a peer that died: ``MachineFault``) is one line and
 exit status 1. Ctrl-C during training saves a checkpoint and exits with status 130. One module
-per command, each with ``add_parser(subparsers)`` and its ``run_*`` handler.
+per command, each with ``add_parser(subparsers)`` and its ``run_*`` handler (``bench``'s many arguments in
+``bench_arguments``); the work itself lives in the packages below.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from ..mixers.registry import list_mixers
 from ..models.registry import list_models
 from ..runtime import retain_freed_memory
 from ..version import __version__
-from . import convert_checkpoint, distil, evaluate, export_hf, finetune, generate, plot, recipes, serve, train
+from . import bench, compare, convert_checkpoint, distil, evaluate, export_hf, finetune, generate, plot, recipes, serve, train
 from .common import INTERRUPTED_STATUS, Parser
 
 # in the order --help lists them
-COMMANDS = (train, finetune, evaluate, generate, distil, serve, plot, recipes, export_hf, convert_checkpoint)
+COMMANDS = (train, finetune, evaluate, generate, distil, serve, plot, recipes, export_hf, convert_checkpoint, bench, compare)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,10 +36,6 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_parser(subparsers)
-    from ..bench.cli import add_bench, add_compare
-
-    add_bench(subparsers)
-    add_compare(subparsers)
     return parser
 
 
