@@ -32,10 +32,8 @@ def test_docs_cite_papers_by_name_not_by_internal_file():
 
 
 def test_options_page_holds_the_tables_printed_from_the_option_dataclasses():
-    """Regenerate with ``python -m tokenmix.models.options_page docs/options.md``."""
-    from tokenmix.models.options_page import printed_section
-
-    assert printed_section() in OPTIONS
+    """Regenerate with ``python docs/options_page.py docs/options.md``."""
+    assert docs_script("options_page").printed_section() in OPTIONS
 
 
 def test_architecture_page_lists_capabilities_every_mixer_has():
@@ -46,16 +44,22 @@ def test_architecture_page_lists_capabilities_every_mixer_has():
     assert len(listed) >= 7 and all(hasattr(Mixer, name) for name in listed), listed
 
 
-def results_pages():
-    """``docs/results/regenerate.py``, loaded from its file (it is the docs' script, not a package module)."""
+def docs_script(path: str):
+    """``docs/PATH.py``, loaded from its file (a script of the docs, not a package module)."""
     import importlib.util
     import sys
 
-    if "results_regenerate" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("results_regenerate", ROOT / "docs" / "results" / "regenerate.py")
+    name = "docs_" + path.replace("/", "_")
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "docs" / f"{path}.py")
         sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # before it runs: its dataclass looks itself up there
         spec.loader.exec_module(sys.modules[spec.name])
-    return sys.modules["results_regenerate"]
+    return sys.modules[name]
+
+
+def results_pages():
+    """``docs/results/regenerate.py``, the script that rewrites the results pages."""
+    return docs_script("results/regenerate")
 
 
 def test_results_pages_show_what_their_data_renders():

@@ -31,7 +31,7 @@ class Options:
     """Base of a mixer's or block's options: a dataclass whose fields are declared with ``fields.setting(default,
     kind, help)``, so each option's type, range, default and one-line help live in one place. The
     kinds check every value on construction (a ValueError naming the option); the option table of
-    docs/options.md is printed from the fields (``python -m tokenmix.models.options_page``)."""
+    docs/options.md is printed from the fields (``python docs/options_page.py``)."""
 
     def __post_init__(self):
         check_settings(self)

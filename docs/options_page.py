@@ -1,6 +1,6 @@
 """The option tables of docs/options.md, printed from each mixer's and block's options dataclass.
 
-    python -m tokenmix.models.options_page docs/options.md
+    python docs/options_page.py docs/options.md
 
 rewrites the part of the page between ``BEGIN`` and ``END``; ``tests/test_docs.py`` checks that the
 page holds what this prints, so a table cannot fall behind the code.
@@ -13,10 +13,10 @@ import sys
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-from ..mixers.registry import list_mixers, mixer_class
-from .registry import list_models, model_spec
+from tokenmix.mixers.registry import list_mixers, mixer_class
+from tokenmix.models.registry import list_models, model_spec
 
-BEGIN = "<!-- option tables: printed by `python -m tokenmix.models.options_page docs/options.md` -->"
+BEGIN = "<!-- option tables: printed by `python docs/options_page.py docs/options.md` -->"
 END = "<!-- end of the printed option tables -->"
 
 
