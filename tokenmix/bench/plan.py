@@ -75,6 +75,7 @@ def case_kinds(kinds: list[str]) -> list[str]:
 
 
 def bench_cases(args) -> list[Case]:
+    """The cases the settings ask for, by kind, name, direction, length and variant (no names given: every one)."""
     args.mixers = args.mixers or list_mixers()
     args.models = args.models or list_models()
     causal_modes = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
