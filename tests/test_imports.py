@@ -14,7 +14,15 @@ import tokenmix
 import tokenmix.data
 
 PACKAGE = Path(tokenmix.__file__).parent
-APPLICATION = ("tokenmix.data.", "tokenmix.train.", "tokenmix.bench.", "tokenmix.hf.", "tokenmix.generation.", "tokenmix.cli")
+APPLICATION = (
+    "tokenmix.data.",
+    "tokenmix.runs",
+    "tokenmix.train.",
+    "tokenmix.bench.",
+    "tokenmix.hf.",
+    "tokenmix.generation.",
+    "tokenmix.cli",
+)
 
 
 def loaded_after(code: str) -> list[str]:
@@ -64,8 +72,18 @@ def module_imports() -> dict[str, set[str]]:
 
 def test_no_import_cycle_inside_the_package():
     graph = module_imports()
-    assert len(graph) > 50 and graph["tokenmix.models.pretrained"] >= {"tokenmix.models.model", "tokenmix.models.saving"}
+    assert len(graph) > 50 and graph["tokenmix.runs.weights"] >= {"tokenmix.models.model", "tokenmix.models.config"}
     try:
         list(graphlib.TopologicalSorter(graph).static_order())
     except graphlib.CycleError as error:
         pytest.fail(f"import cycle: {' -> '.join(error.args[1])}")
+
+
+def test_runs_sits_below_the_application_that_reads_and_writes_runs():
+    """``tokenmix.runs`` (a run on disk) imports the library, data and parallel, never the layers above it."""
+    above = ("tokenmix.generation", "tokenmix.train", "tokenmix.serve", "tokenmix.bench", "tokenmix.hf", "tokenmix.cli")
+    graph = module_imports()
+    upward = {
+        name: sorted(t for t in targets if t.startswith(above)) for name, targets in graph.items() if name.startswith("tokenmix.runs")
+    }
+    assert len(upward) >= 8 and not any(upward.values()), upward
