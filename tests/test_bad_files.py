@@ -977,7 +977,8 @@ def test_an_oversized_config_is_refused_before_a_model_is_built(valid, tmp_path,
         assert devices[-1] == "meta", "a model built for real before its config was checked"
         return SequenceModel(config)
 
-    monkeypatch.setattr("tokenmix.runs.weights.SequenceModel", build)
+    monkeypatch.setattr("tokenmix.runs.weights.SequenceModel", build)  # the check's model
+    monkeypatch.setattr("tokenmix.runs.open.SequenceModel", build)  # the model open_run builds
     with pytest.raises(ValueError, match=OVERSIZED[variant][2]):
         tokenmix.open_run(path.parent)
 

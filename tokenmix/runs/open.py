@@ -83,19 +83,19 @@ def open_run(path, *, device=None, dtype: torch.dtype | None = None) -> Run:
     if not location.exists():
         raise ValueError(f"{str(path)!r} does not exist (give a run directory, checkpoint.pt, model folder or export-hf folder)")
     opened = _open_folder(location) if is_model_folder(location) else _open_checkpoint(location)
-    model, source, weights = opened.model, opened.source, opened.weights
-    saved = next((tensor.dtype for tensor in weights.values() if tensor.is_floating_point()), None)
+    model = SequenceModel(opened.config)
+    saved = next((tensor.dtype for tensor in opened.weights.values() if tensor.is_floating_point()), None)
     model.to(dtype=saved)  # the saved precision unless ``dtype`` says otherwise
-    load_weights(model, weights, source)
+    load_weights(model, opened.weights, opened.source)
     model.to(device=resolve_device(device or "cpu"), dtype=dtype).eval()
     return Run(model, opened.tokenizer, location, opened.kind, opened.settings, opened.step)
 
 
 @dataclass
 class _Opened:
-    """What a file gives before its weights are loaded: the model built (its config checked against them), and the rest."""
+    """What a file gives before a model is built: its config (checked against its weights), the weights, and the rest."""
 
-    model: SequenceModel
+    config: ModelConfig
     weights: dict[str, torch.Tensor]
     source: str  # how errors name the weights
     tokenizer: Tokenizer | None
@@ -113,8 +113,7 @@ def _open_checkpoint(path: Path) -> _Opened:
     tokenizer = checkpoint_tokenizer(state, file)
     check_tokenizer_beside(file, tokenizer)
     kind = CHECKPOINT if shards_of(state, file) is None else SHARDED
-    model = SequenceModel(config)
-    return _Opened(model, weights, f"checkpoint {str(file)!r}", tokenizer, kind, dict(state["train_config"]), state["step"])
+    return _Opened(config, weights, f"checkpoint {str(file)!r}", tokenizer, kind, dict(state["train_config"]), state["step"])
 
 
 def _open_folder(path: Path) -> _Opened:
@@ -125,4 +124,4 @@ def _open_folder(path: Path) -> _Opened:
         tokenizer = Tokenizer.load(path)
     else:
         tokenizer = byte_tokenizer() if config.vocab_size in (BYTE_VOCAB, BYTE_VOCAB + 1) else None
-    return _Opened(SequenceModel(config), weights, weights_source(path), tokenizer, layout)
+    return _Opened(config, weights, weights_source(path), tokenizer, layout)
