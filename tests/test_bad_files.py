@@ -15,18 +15,18 @@ asks for far more than its weights hold (``OVERSIZED``: dim 10^9, depth 10^7, 10
 refused from the weights' header, with no model built but on the meta device.
 
 The property-based tests (hypothesis, derandomized so CI never flakes) drive the parsers with
-arbitrary input, where they find more than hand-written cases: ``ModelConfig.from_dict``, a model
-folder's config of any sizes, ``StreamState.from_plain``, ``read_metrics``, ``read_records``, the TSV
-and metadata readers, the CIFAR-10 batch reader and the Pathfinder image decoder; each must give a
-result or a ValueError.
+arbitrary input, where they find more than hand-written cases: ``read_model_config`` (the
+migrations, then ``ModelConfig.from_dict``), a model folder's config of any sizes,
+``StreamState.from_plain``, ``read_metrics``, ``read_records``, the TSV and metadata readers, the
+CIFAR-10 batch reader and the Pathfinder image decoder; each must give a result or a ValueError.
 
 These tests fail when a reader's error handling breaks. Checked by hand: narrowing the ``except``
-of ``tokenmix.models.pretrained.read_json`` to ``OSError`` makes 26 variants of ``model/config.json``
+of ``tokenmix.runs.folder.read_json`` to ``OSError`` makes 26 variants of ``model/config.json``
 and of the export's JSON files fail: json's and UTF-8's own errors (ValueErrors, but naming no file)
 reach the caller. Removing the ``isinstance(data, dict)`` check of ``StreamState.from_plain`` makes
 its property test fail with AttributeError (on ``data=None``); the checkpoint variants still pass
 there, as ``check_resumable`` refuses a segment state that is not a dict before it is rebuilt.
-In ``tokenmix.models.pretrained``: without ``check_sizes`` the dim, depth and vocab_size oversized
+In ``tokenmix.runs.weights``: without ``check_sizes`` the dim, depth and vocab_size oversized
 tests fail (another message); without ``parameters_at_most`` the expand and rpe_dim ones fail and the
 rpe_layers one runs for minutes; building the checked model off the meta device fails three of them;
 catching no RuntimeError or TypeError there fails the sizes property test (at its examples).
@@ -71,11 +71,13 @@ from tokenmix.data.tokenizer import byte_tokenizer
 from tokenmix.data.wikitext import load_wikitext
 from tokenmix.models.config import FORMAT_KEYS, FORMAT_VERSION, ModelConfig
 from tokenmix.models.model import SequenceModel
+from tokenmix.runs import open_run
+from tokenmix.runs.checkpoint import save_checkpoint
+from tokenmix.runs.metrics import read_metrics, training_cost
+from tokenmix.runs.migrations import read_model_config
 from tokenmix.state import STATE_TYPE_KEY, StreamState
 from tokenmix.train import TrainConfig, Trainer
-from tokenmix.train.checkpoint import model_from_checkpoint, save_checkpoint
-from tokenmix.train.finetune import read_pretrained
-from tokenmix.train.runs import read_metrics, training_cost
+from tokenmix.train.finetune import finetuned_task
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 Variant = Callable[[bytes], bytes]
@@ -679,17 +681,24 @@ PATHFINDER_METADATA = {
     "label x": lines_variant(lambda lines: [b" ".join([*lines[1].split()[:3], b"x", *lines[1].split()[4:]]), *lines]),
     "an empty line list": lambda data: b"\n\n",
 }
+
+
+def _finetuning(path: Path) -> None:
+    """Read ``path`` as ``tokenmix finetune`` reads the model it starts from."""
+    finetuned_task(open_run(path), path)
+
+
 KINDS: dict[str, Kind] = {
     "checkpoint.pt (loading)": Kind(
         _copy_run("lm"),
         "run/checkpoint.pt",
-        lambda f: model_from_checkpoint(f / "run"),
+        lambda f: open_run(f / "run"),
         {**byte_variants(), **checkpoint_variants(CHECKPOINT_LOADING)},
     ),
     "checkpoint.pt (fine-tuning)": Kind(
         _copy_run("mlm"),
         "run/checkpoint.pt",
-        lambda f: read_pretrained(f / "run"),
+        lambda f: _finetuning(f / "run"),
         checkpoint_variants(
             {key: CHECKPOINT_LOADING[key] for key in ("top level a list", "model missing", "tokenizer not JSON", "model_config dim 0")}
         ),
@@ -699,13 +708,13 @@ KINDS: dict[str, Kind] = {
     "model/config.json": Kind(
         _copy_run("lm"),
         "run/model/config.json",
-        lambda f: tokenmix.from_pretrained(f / "run" / "model"),
+        lambda f: tokenmix.open_run(f / "run" / "model").model,
         {**byte_variants(), "invalid UTF-8": invalid_utf8, **MODEL_CONFIG},
     ),
     "model/model.safetensors": Kind(
         _copy_run("lm"),
         "run/model/model.safetensors",
-        lambda f: tokenmix.from_pretrained(f / "run" / "model"),
+        lambda f: tokenmix.open_run(f / "run" / "model").model,
         {**byte_variants(), **WEIGHTS},
     ),
     "tokenizer.json": Kind(
@@ -717,19 +726,19 @@ KINDS: dict[str, Kind] = {
     "model/tokenizer.json (fine-tuning)": Kind(
         _copy_run("mlm"),
         "run/model/tokenizer.json",
-        lambda f: read_pretrained(f / "run" / "model"),
+        lambda f: _finetuning(f / "run" / "model"),
         {"random bytes": byte_variants()["random bytes"], **json_variants(keys=("model",))},
     ),
     "model/config.json (fine-tuning)": Kind(
         _copy_run("mlm"),
         "run/model/config.json",
-        lambda f: read_pretrained(f / "run" / "model"),
+        lambda f: _finetuning(f / "run" / "model"),
         {key: MODEL_CONFIG[key] for key in ("top level a list", "another width than the weights", *OVERSIZED)},
     ),
     "model/model.safetensors (fine-tuning)": Kind(
         _copy_run("mlm"),
         "run/model/model.safetensors",
-        lambda f: read_pretrained(f / "run" / "model"),
+        lambda f: _finetuning(f / "run" / "model"),
         {key: WEIGHTS[key] for key in ("a header that is not JSON", "a weight missing", "an embedding of fewer rows", "no blocks")},
     ),
     "metrics.jsonl": Kind(_copy_run("lm"), "run/metrics.jsonl", lambda f: read_metrics(f / "run" / "metrics.jsonl"), METRICS),
@@ -967,9 +976,10 @@ def test_an_oversized_config_is_refused_before_a_model_is_built(valid, tmp_path,
         assert devices[-1] == "meta", "a model built for real before its config was checked"
         return SequenceModel(config)
 
-    monkeypatch.setattr("tokenmix.models.pretrained.SequenceModel", build)
+    monkeypatch.setattr("tokenmix.runs.weights.SequenceModel", build)  # the check's model
+    monkeypatch.setattr("tokenmix.runs.open.SequenceModel", build)  # the model open_run builds
     with pytest.raises(ValueError, match=OVERSIZED[variant][2]):
-        tokenmix.from_pretrained(path.parent)
+        tokenmix.open_run(path.parent)
 
 
 @pytest.mark.parametrize("variant", OVERSIZED)
@@ -993,9 +1003,9 @@ def test_an_oversized_checkpoint_config_is_refused_before_a_model_is_built(tmp_p
     }
     save_checkpoint(tmp_path / "checkpoint.pt", state)
     with pytest.raises(ValueError, match=message):
-        model_from_checkpoint(tmp_path)
+        open_run(tmp_path)
     with pytest.raises(ValueError, match=message):
-        read_pretrained(tmp_path)
+        _finetuning(tmp_path)
 
 
 METRICS_READERS = [kind for kind, spec in KINDS.items() if spec.file == "run/metrics.jsonl"]
@@ -1165,7 +1175,7 @@ def _refused_or(value, call):
 def test_model_config_from_any_dict_is_a_config_or_a_value_error(data):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # format 1 configs warn
-        config = _refused_or(data, ModelConfig.from_dict)
+        config = _refused_or(data, read_model_config)
     assert config is None or isinstance(config, ModelConfig)
 
 
@@ -1201,7 +1211,7 @@ def test_a_model_folder_of_any_sizes_loads_or_is_a_value_error(valid, tmp_path_f
     for key, value in sizes.items():
         set_at(key, lambda _, value=value: value)(config)
     (folder / "config.json").write_text(json.dumps(config))
-    model = _refused_or(folder, tokenmix.from_pretrained)
+    model = _refused_or(folder, lambda path: tokenmix.open_run(path).model)
     assert model is None or isinstance(model, SequenceModel)
 
 

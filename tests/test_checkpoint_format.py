@@ -13,8 +13,10 @@ import torch
 from conftest import usage_error
 
 from tokenmix.cli import main
+from tokenmix.runs import open_run
+from tokenmix.runs.checkpoint import load_checkpoint
+from tokenmix.runs.legacy import LEGACY_PICKLE
 from tokenmix.state import StreamState
-from tokenmix.train.checkpoint import load_checkpoint, model_from_checkpoint
 
 FORMAT1 = Path(__file__).parent / "data"
 
@@ -55,7 +57,7 @@ def test_a_format1_checkpoint_is_refused_then_converted_on_trust(tmp_path, capsy
     assert main(["convert-checkpoint", str(run), "--trust"]) == 0
     assert (run / "checkpoint.pt.format1").read_bytes() == original
     # trusted here: these are the project's own fixtures
-    legacy = torch.load(run / "checkpoint.pt.format1", weights_only=False, pickle_module=_legacy_pickle())
+    legacy = torch.load(run / "checkpoint.pt.format1", weights_only=False, pickle_module=LEGACY_PICKLE)
     converted = load_checkpoint(run)
     assert converted["step"] == legacy["step"] and converted["train_config"] == legacy["train_config"]
     for key, tensor in legacy["model"].items():
@@ -67,17 +69,11 @@ def test_a_format1_checkpoint_is_refused_then_converted_on_trust(tmp_path, capsy
     written = legacy["segment_states"][0]  # a ModelState of XL block states, or the older SegmentState of memories
     memories = [block.memory for block in written.blocks] if hasattr(written, "blocks") else written.memory
     assert all(torch.equal(block.memory, memory) for block, memory in zip(state.blocks, memories, strict=True))
-    model, _, tokenizer = model_from_checkpoint(run)
+    tokenizer = open_run(run).tokenizer
     assert tokenizer is not None and tokenizer.name == "bytes"
     assert main(["eval", str(run), "--max-tokens", "64", "--threads", "1"]) == 0
     error = usage_error(["convert-checkpoint", str(run), "--trust"], capsys)
     assert "already of format 2" in error or "checkpoint.pt.format1" in error
-
-
-def _legacy_pickle():
-    from tokenmix.train import legacy_checkpoint
-
-    return legacy_checkpoint._LEGACY_PICKLE
 
 
 def test_a_converted_xl_run_resumes(tmp_path):

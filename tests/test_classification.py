@@ -103,7 +103,7 @@ def test_classification_trains_and_evaluates_val_and_test_with_the_majority_floo
     assert len(rows) == 2 and "majority_class" in out and "on the val and test splits" in out
     listops = load_data(data, 0)
     assert f"{listops.majority_accuracy('test'):.2%}" in rows[1] and rows[1].split("|")[-2].strip() == "30"
-    config = tokenmix.from_pretrained(tmp_path / "r" / "model").config
+    config = tokenmix.open_run(tmp_path / "r" / "model").model.config
     assert (config.pool, config.num_classes, config.vocab_size) == ("last", 10, 15)
     with pytest.raises(SystemExit, match="2"):
         main(["eval", str(tmp_path / "r"), "--lengths", "64"])
@@ -138,7 +138,7 @@ def test_retrieval_trains_the_dual_encoder_on_document_pairs(aan, tmp_path, caps
     folder, _ = aan
     out = train_and_evaluate(f"lra-retrieval:{folder}:max_length=64", tmp_path / "r", capsys)
     assert "val" in out and "test" in out
-    assert tokenmix.from_pretrained(tmp_path / "r" / "model").config.documents == 2
+    assert tokenmix.open_run(tmp_path / "r" / "model").model.config.documents == 2
 
 
 def test_pixel_tasks_give_their_grid_to_2d_mixers():

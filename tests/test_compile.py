@@ -22,7 +22,7 @@ from tokenmix.cli import main
 from tokenmix.compilation import check_compile_mode, compile_blocks, compile_forward
 from tokenmix.mixers import Mixer
 from tokenmix.models.registry import list_models, model_spec, resolve_model_options
-from tokenmix.train import load_checkpoint
+from tokenmix.runs.checkpoint import load_checkpoint
 
 TRACED_LENGTH = 100
 # Five lengths compiled once: one power-of-two FFT size (2048) and none a multiple of a TCN's dilation or a chunk;

@@ -226,7 +226,7 @@ def test_classifier_padding_cannot_reach_the_class(name, pool, documents):
 def test_model_save_load_round_trip_is_exact(name, task, tmp_path):
     net = model(name, task).eval()
     net.save_pretrained(tmp_path / "saved")
-    loaded = tokenmix.from_pretrained(tmp_path / "saved").eval()
+    loaded = tokenmix.open_run(tmp_path / "saved").model.eval()
     assert loaded.config == net.config
     tokens = torch.randint(0, 20, (2, 11))
     torch.testing.assert_close(loaded(tokens), net(tokens), rtol=0, atol=0)
@@ -320,7 +320,7 @@ def test_every_mixer_works_inside_the_tnn_block(name, causal, tmp_path):
     net = tokenmix.build_model("tnn", task=task, vocab_size=20, dim=8, depth=2, mixer=name, options=SMALL.get(name, {})).eval()
     tokens = torch.randint(0, 20, (2, 17))
     net.save_pretrained(tmp_path)
-    torch.testing.assert_close(tokenmix.from_pretrained(tmp_path).eval()(tokens), net(tokens), rtol=0, atol=0)
+    torch.testing.assert_close(tokenmix.open_run(tmp_path).model.eval()(tokens), net(tokens), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(("name", "causal"), [(name, causal) for name, causal in MODES if mixer_class(name).channelwise_linear])
@@ -444,4 +444,4 @@ def test_every_sequence_mixer_works_inside_the_mega_block(name, causal, tmp_path
     )
     tokens = torch.randint(0, 20, (2, 17))
     net.eval().save_pretrained(tmp_path)
-    torch.testing.assert_close(tokenmix.from_pretrained(tmp_path).eval()(tokens), net(tokens), rtol=0, atol=0)
+    torch.testing.assert_close(tokenmix.open_run(tmp_path).model.eval()(tokens), net(tokens), rtol=0, atol=0)

@@ -22,8 +22,9 @@ from test_train import tiny_config
 import tokenmix
 from tokenmix.cli import main
 from tokenmix.models.distil import distillable, distilled_model, fit_orders
-from tokenmix.train import Trainer, load_checkpoint
-from tokenmix.train.checkpoint import model_from_checkpoint
+from tokenmix.runs import open_run
+from tokenmix.runs.checkpoint import load_checkpoint
+from tokenmix.train import Trainer
 
 DEVICE = torch.device(os.environ.get("TOKENMIX_TEST_DEVICE", "cuda"))
 pytestmark = pytest.mark.skipif(
@@ -183,8 +184,8 @@ def test_training_on_the_device_resumes_there_and_its_checkpoint_loads_on_cpu(te
     assert main(["train", *flags, "--steps", "2", "--sample-tokens", "8"]) == 0  # the sample: generation through the CLI
     assert main(["train", "--resume", "--out", str(run), "--steps", "3", "--device", str(DEVICE)]) == 0
     assert load_checkpoint(run)["step"] == 3 and steps_logged(run) == [1, 2, 3]
-    trained, _, _ = model_from_checkpoint(run)
-    saved = tokenmix.from_pretrained(run / "model")
+    trained = open_run(run).model
+    saved = tokenmix.open_run(run / "model").model
     tokens = torch.randint(0, trained.config.vocab_size, (2, 16))
     with torch.no_grad():
         logits = trained(tokens)

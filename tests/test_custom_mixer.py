@@ -112,7 +112,7 @@ def test_cumulative_mean_matches_its_python_loop(causal, registered):
 def test_a_language_model_with_a_cumulative_mean_saves_loads_and_generates(tmp_path, registered):
     net = tokenmix.build_model("tnn", task="lm", vocab_size=20, dim=8, depth=2, mixer=NAME).eval()
     net.save_pretrained(tmp_path)
-    loaded = tokenmix.from_pretrained(tmp_path).eval()
+    loaded = tokenmix.open_run(tmp_path).model.eval()
     prompt = torch.tensor([3, 1, 4, 1, 5])
     generated = tokenmix.generate(loaded, [prompt], max_new_tokens=12, temperature=0)[0]
     torch.testing.assert_close(generated, naive_generate(net, prompt, 12))

@@ -22,10 +22,12 @@ from tokenmix.errors import MachineFault
 from tokenmix.files import save_figure, write_json_atomic
 from tokenmix.hf.export import export
 from tokenmix.models.saving import save_pretrained
-from tokenmix.train.checkpoint import load_checkpoint, save_checkpoint
+from tokenmix.runs.checkpoint import load_checkpoint, save_checkpoint
+from tokenmix.runs.layout import METRICS_FILE
+from tokenmix.runs.metrics import read_metrics
+from tokenmix.runs.sharded import save_shards
+from tokenmix.train.directory import append_metrics
 from tokenmix.train.lock import LOCK_FILE, RunLock
-from tokenmix.train.runs import METRICS_FILE, append_metrics, read_metrics
-from tokenmix.train.sharded_checkpoint import save_shards
 
 PAD = "x" * 20_000  # every version needs pages the full disk no longer has
 

@@ -16,7 +16,8 @@ from context_parallel_worker import small_options
 
 import tokenmix
 from tokenmix.models.registry import list_models
-from tokenmix.train.checkpoint import load_checkpoint, model_from_checkpoint
+from tokenmix.runs import open_run
+from tokenmix.runs.checkpoint import load_checkpoint
 from tokenmix.train.lock import LOCK_FILE
 
 TRAIN = ["--dim", "16", "--depth", "2", "--seq-len", "64", "--batch-size", "2", "--eval-tokens", "1024", "--final-eval-tokens", "1024"]
@@ -119,8 +120,8 @@ def test_a_sharded_run_is_read_in_one_process(runs, tmp_path):
     assert state["shards"] == "shards/step-00000020" and state["model"] == {}
     assert sorted(path.name for path in (run / "shards").iterdir()) == ["step-00000020"]  # step 10's went once step 20's was kept
     assert len(list((run / "shards" / "step-00000020").glob("*.safetensors"))) == 2  # one file per process
-    model, _, _ = model_from_checkpoint(run)
-    final = tokenmix.from_pretrained(run / "model")
+    model = open_run(run).model
+    final = tokenmix.open_run(run / "model").model
     for (name, weight), (other, whole) in zip(model.state_dict().items(), final.state_dict().items(), strict=True):
         assert name == other and torch.equal(weight, whole), name
     reads = [["eval", str(run)], ["generate", str(run), "--prompt", "To be", "--max-new-tokens", "8"]]

@@ -139,7 +139,7 @@ def test_export_reload_and_save_pretrained_keep_the_logits(tmp_path):
         expected = model(tokens)
         for directory in ("export", "again"):
             assert torch.equal(AutoModelForCausalLM.from_pretrained(tmp_path / directory)(tokens, use_cache=False).logits, expected)
-        assert torch.equal(tokenmix.from_pretrained(tmp_path / "export")(tokens), expected)  # tokenmix reads it too
+        assert torch.equal(tokenmix.open_run(tmp_path / "export").model(tokens), expected)  # tokenmix reads it too
         hidden = AutoModel.from_pretrained(tmp_path / "export")(tokens).last_hidden_state
         assert torch.equal(hidden, model.hidden_states(tokens)[0])
     with pytest.raises(ValueError, match="already exists and is not an empty folder"):
@@ -165,7 +165,7 @@ def test_masked_lm_and_a_classifier_from_it(tmp_path):
     assert result.logits.shape == (2, 3) and torch.isfinite(result.loss)
     classifier.save_pretrained(tmp_path / "classifier")  # the new head is saved as part of the model it is now
     with torch.no_grad():
-        assert torch.equal(tokenmix.from_pretrained(tmp_path / "classifier")(tokens), classifier(tokens).logits)
+        assert torch.equal(tokenmix.open_run(tmp_path / "classifier").model(tokens), classifier(tokens).logits)
         assert torch.equal(
             AutoModelForSequenceClassification.from_pretrained(tmp_path / "classifier")(tokens).logits, classifier(tokens).logits
         )
@@ -218,7 +218,8 @@ def test_export_hf_command_and_a_fresh_process_generate_the_same_tokens(tmp_path
     assert {path.name: path.stat().st_mode & 0o777 for path in out.iterdir()} == dict.fromkeys(
         [path.name for path in out.iterdir()], default_file_mode()
     )  # safetensors alone would write model.safetensors 0600
-    model, _, tokenizer = tokenmix.train.checkpoint.model_from_checkpoint(run)
+    opened = tokenmix.open_run(run)
+    model, tokenizer = opened.model, opened.tokenizer
     expected = tokenmix.generate(model, [tokenizer.encode("To be").long()], 20, temperature=0)[0].tolist()
     script = (
         "import sys, json, tokenmix.hf\n"
@@ -253,4 +254,4 @@ def test_an_export_from_before_xl_models_recorded_their_segment_still_streams_in
     del config["tokenmix"]["options"]["segment_length"]
     (tmp_path / "config.json").write_text(json.dumps({**config, "segment_length": SEGMENT}))
     assert AutoModelForCausalLM.from_pretrained(tmp_path).tokenmix.config.options["segment_length"] == SEGMENT
-    assert tokenmix.from_pretrained(tmp_path).config.options["segment_length"] == SEGMENT
+    assert tokenmix.open_run(tmp_path).model.config.options["segment_length"] == SEGMENT

@@ -16,7 +16,8 @@ from tokenmix.data.sources import load_data
 from tokenmix.data.tokenizer import byte_tokenizer, train_bpe
 from tokenmix.generation import StopRule, naive_generate
 from tokenmix.models import ModelConfig, SequenceModel
-from tokenmix.train.checkpoint import load_checkpoint, model_from_checkpoint
+from tokenmix.runs import open_run
+from tokenmix.runs.checkpoint import load_checkpoint
 
 SIZES = ["--dim", "16", "--depth", "1", "--seq-len", "32", "--batch-size", "4", "--eval-tokens", "256", "-o", "rpe_dim=4"]
 
@@ -46,8 +47,8 @@ def test_a_bpe_run_keeps_its_tokenizer_and_eval_reports_bits_per_byte(corpus, tm
         main(["train", "--data", corpus, "--tokenizer", "bpe:300", *SIZES, "--steps", "4", "--sample-tokens", "5", "--out", str(out)]) == 0
     )
     assert (out / "tokenizer.json").is_file() and (out / "model" / "tokenizer.json").is_file()
-    model, train_config, tokenizer = model_from_checkpoint(out)
-    assert tokenizer.name == "bpe:300" and model.config.vocab_size == 300 and train_config["tokenizer"] == "bpe:300"
+    run = open_run(out)
+    assert run.tokenizer.name == "bpe:300" and run.config.vocab_size == 300 and run.settings["tokenizer"] == "bpe:300"
     capsys.readouterr()
     assert main(["eval", str(out), "--json", str(tmp_path / "eval.json")]) == 0
     table = capsys.readouterr().out

@@ -92,6 +92,6 @@ def test_a_model_saved_by_an_earlier_release_loads_as_the_same_model(name):
     from saved_models import FOLDER, TOKENS
 
     assert (FOLDER / name).is_dir(), f"no saved {name}: run python tests/saved_models.py"
-    model = tokenmix.from_pretrained(FOLDER / name).eval()
+    model = tokenmix.open_run(FOLDER / name).model.eval()
     with torch.no_grad():
         torch.testing.assert_close(model(TOKENS), load_file(str(FOLDER / name / "logits.safetensors"))["logits"], rtol=1e-5, atol=1e-6)

@@ -15,7 +15,8 @@ from test_train import tiny_config
 
 from tokenmix.bench.accuracy import autocast_errors
 from tokenmix.precision import PRECISIONS, autocast, check_precision, compute_dtype
-from tokenmix.train import Trainer, load_checkpoint
+from tokenmix.runs.checkpoint import load_checkpoint
+from tokenmix.train import Trainer
 
 DEVICE = torch.device(os.environ.get("TOKENMIX_TEST_DEVICE", "cpu"))
 pytestmark = pytest.mark.skipif(DEVICE.type == "cuda" and not torch.cuda.is_available(), reason="TOKENMIX_TEST_DEVICE=cuda needs a GPU")

@@ -11,9 +11,10 @@ import torch
 from conftest import usage_error
 
 from tokenmix.cli import main
-from tokenmix.train import TrainConfig, Trainer, load_checkpoint
+from tokenmix.runs.checkpoint import load_checkpoint
+from tokenmix.runs.metrics import read_metrics
+from tokenmix.train import TrainConfig, Trainer
 from tokenmix.train.config import parse_interval
-from tokenmix.train.runs import read_metrics
 from tokenmix.train.stopping import TrainingDiverged
 
 

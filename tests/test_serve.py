@@ -22,8 +22,8 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai", reason="the server is tested with the official openai client (the dev extra)")
 
 import tokenmix  # noqa: E402
+from tokenmix.runs import open_run  # noqa: E402
 from tokenmix.serve.launch import ServerProcess  # noqa: E402
-from tokenmix.train.checkpoint import model_from_checkpoint  # noqa: E402
 
 KEY = "test-key"
 MAX_PROMPT, MAX_TOKENS = 256, 64
@@ -49,8 +49,8 @@ def served(run):
 
 @pytest.fixture(scope="module")
 def network(run):
-    model, _, tokenizer = model_from_checkpoint(run)
-    return model, tokenizer
+    opened = open_run(run)
+    return opened.model, opened.tokenizer
 
 
 def headers(key: str = KEY) -> dict:

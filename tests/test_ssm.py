@@ -230,7 +230,7 @@ def test_distil_refuses_what_it_cannot_do():
 
 def test_a_distilled_run_is_a_run_every_command_reads(tiny_runs, tmp_path, capsys):
     """``tokenmix distil RUN --order N --out OUT`` writes a run directory: eval, generate, export-hf and
-    from_pretrained read it, its report has a row per mixer, and an existing run is not overwritten."""
+    open_run read it, its report has a row per mixer, and an existing run is not overwritten."""
     import json
 
     from tokenmix.cli import main
@@ -242,7 +242,7 @@ def test_a_distilled_run_is_a_run_every_command_reads(tiny_runs, tmp_path, capsy
     assert report["order"] == 4 and len(report["layers"]) == 1 and "blocks.0.token_mixing.mixer" in printed
     assert main(["eval", str(tiny_runs["lm"]), str(out), "--split", "val", "--max-tokens", "64"]) == 0
     assert main(["generate", str(out), "--max-new-tokens", "5", "--prompt", "To be"]) == 0
-    assert tokenmix.from_pretrained(out / "model").config.options["mixer"]["name"] == "ssm"
+    assert tokenmix.open_run(out / "model").model.config.options["mixer"]["name"] == "ssm"
     assert "already holds a run" in usage_error(["distil", str(tiny_runs["lm"]), "--order", "4", "--out", str(out)], capsys)
 
 
@@ -263,7 +263,7 @@ def test_distil_sweeps_orders_within_a_loss_budget(tiny_runs, tmp_path, capsys):
     assert [row["order"] for row in sweep] == [2, 4, 6] and report["max_loss_increase"] == budget
     assert all(row["loss_increase"] == pytest.approx(row["loss"] / row["exact_loss"] - 1) for row in sweep)
     assert report["order"] == recommended_order(sweep, budget)
-    assert tokenmix.from_pretrained(out / "model").config.options["mixer"]["order"] == report["order"]
+    assert tokenmix.open_run(out / "model").model.config.options["mixer"]["order"] == report["order"]
     assert [row["state_bytes"] for row in sweep] == sorted({row["state_bytes"] for row in sweep})  # grows with the order
     assert (out / "distil_sweep.png").stat().st_size > 0
     distil = ["distil", str(tiny_runs["lm"]), "--out", str(tmp_path / "x")]
@@ -277,7 +277,7 @@ def test_a_distilled_language_model_is_fine_tuned_on_its_own_text(tiny_runs, tmp
     """``tokenmix finetune`` trains a distilled causal LM on from its weights, on the data its run was trained on:
     the state space's poles and residues move, the model stays a state space, other weights start where they were."""
     from tokenmix.cli import main
-    from tokenmix.train.checkpoint import load_checkpoint
+    from tokenmix.runs.checkpoint import load_checkpoint
 
     distilled, tuned = tmp_path / "distilled", tmp_path / "tuned"
     assert main(["distil", str(tiny_runs["lm"]), "--order", "3", "--horizon", "64", "--out", str(distilled)]) == 0

@@ -10,7 +10,8 @@ import torch
 from conftest import usage_error
 
 from tokenmix.cli import main
-from tokenmix.train import TrainConfig, Trainer, load_checkpoint
+from tokenmix.runs.checkpoint import load_checkpoint
+from tokenmix.train import TrainConfig, Trainer
 
 
 def tiny_config(text_file, out, **overrides):

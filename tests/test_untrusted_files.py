@@ -18,9 +18,9 @@ from conftest import usage_error
 
 import tokenmix
 from tokenmix.data.lra_image import load_lra_image
-from tokenmix.train.checkpoint import load_checkpoint, model_from_checkpoint
-from tokenmix.train.finetune import read_pretrained
-from tokenmix.train.runs import read_metrics
+from tokenmix.runs import open_run
+from tokenmix.runs.checkpoint import load_checkpoint
+from tokenmix.runs.metrics import read_metrics
 
 
 class RunsCode:
@@ -114,7 +114,7 @@ def test_an_export_with_a_pickled_weights_file_runs_no_code(tiny_runs, tmp_path,
     (export / "model.safetensors").unlink()
     (export / "pytorch_model.bin").write_bytes(crafted_files(marker)["torch_zip"])
     with pytest.raises(ValueError, match="model.safetensors"):
-        tokenmix.from_pretrained(export)
+        tokenmix.open_run(export)
     with pytest.raises(Exception):  # noqa: B017 - transformers' own error; what matters is that nothing ran
         transformers.AutoModelForCausalLM.from_pretrained(export)
     assert not marker.exists()
@@ -122,11 +122,10 @@ def test_an_export_with_a_pickled_weights_file_runs_no_code(tiny_runs, tmp_path,
 
 PYTHON_LOADERS = {
     "load_checkpoint": ("checkpoint.pt", lambda run: load_checkpoint(run)),
-    "model_from_checkpoint": ("checkpoint.pt", lambda run: model_from_checkpoint(run)),
-    "read_pretrained (run)": ("checkpoint.pt", lambda run: read_pretrained(run)),
-    "read_pretrained (model dir)": ("model/model.safetensors", lambda run: read_pretrained(run / "model")),
-    "from_pretrained (weights)": ("model/model.safetensors", lambda run: tokenmix.from_pretrained(run / "model")),
-    "from_pretrained (config)": ("model/config.json", lambda run: tokenmix.from_pretrained(run / "model")),
+    "open_run (run)": ("checkpoint.pt", lambda run: open_run(run)),
+    "open_run (checkpoint file)": ("checkpoint.pt", lambda run: open_run(run / "checkpoint.pt")),
+    "open_run (model weights)": ("model/model.safetensors", lambda run: open_run(run / "model")),
+    "open_run (model config)": ("model/config.json", lambda run: open_run(run / "model")),
     "Tokenizer.load": ("tokenizer.json", lambda run: tokenmix.Tokenizer.load(run)),
     "read_metrics": ("metrics.jsonl", lambda run: read_metrics(run / "metrics.jsonl")),
 }

@@ -139,7 +139,7 @@ def test_a_run_records_its_segment_and_older_configs_get_their_runs():
     """``segment_length`` is a model option: a run records its --seq-len (unless given); a config saved
     before it existed gets the segment its run trained with, and other models none."""
     from tokenmix.models import ModelConfig
-    from tokenmix.models.config import with_segment_length
+    from tokenmix.runs.migrations import with_segment_length
 
     fields = {"vocab_size": 30}
     assert TrainConfig(model="transformer_xl", seq_len=24).model_config(fields).options["segment_length"] == 24

@@ -16,10 +16,10 @@ _EXPORTS = {
     "build_model": ".models",
     "check_finite_inputs": ".validation",
     "double_backward": ".ops.second_order",
-    "from_pretrained": ".models",
     "generate": ".generation",
     "list_mixers": ".mixers",
     "list_models": ".models",
+    "open_run": ".runs",
     "retain_freed_memory": ".runtime",
     "train_bpe": ".data.tokenizer",
 }
@@ -32,10 +32,10 @@ __all__ = [
     "build_model",
     "check_finite_inputs",
     "double_backward",
-    "from_pretrained",
     "generate",
     "list_mixers",
     "list_models",
+    "open_run",
     "retain_freed_memory",
     "train_bpe",
 ]

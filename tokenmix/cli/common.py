@@ -22,7 +22,7 @@ THREADS = Integer(1)
 DEVICE_HELP = TrainConfig.__dataclass_fields__["device"].metadata["help"]
 
 
-RUN = Existing("a checkpoint.pt or its run directory")
+RUN = Existing("a run directory, a checkpoint.pt or a model folder")
 
 
 OPTION = KeyValue("KEY=VALUE")

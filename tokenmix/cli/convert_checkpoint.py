@@ -21,7 +21,7 @@ def add_parser(subparsers) -> None:
 
 
 def run_convert_checkpoint(args) -> int:
-    from ..train.legacy_checkpoint import convert_checkpoint
+    from ..runs.legacy import convert_checkpoint
 
     with user_input():
         if not args.trust:

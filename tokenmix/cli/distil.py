@@ -14,11 +14,13 @@ from ..fields import Integer, Lengths, Output, Percent, check_output_path
 from ..files import write_json_atomic
 from ..models.distil import SWEEP_ORDERS, distilled_model, fit_orders, recommended_order, sweep_orders
 from ..models.saving import save_pretrained
+from ..runs import open_run
+from ..runs.checkpoint import load_checkpoint, save_checkpoint
+from ..runs.layout import CHECKPOINT_FILE, MODEL_DIRECTORY
 from ..table import format_table
-from ..train.checkpoint import CHECKPOINT_FILE, load_checkpoint, model_from_checkpoint, save_checkpoint
+from ..train.directory import check_directory, claim_directory
 from ..train.evaluate import EVAL_BATCH
 from ..train.lock import RunLock
-from ..train.runs import MODEL_DIRECTORY, check_directory, claim_directory
 from ..version import __version__, source_revision
 from .common import RUN, add_threads_and_device, use_threads
 from .evaluate import run_objective
@@ -103,7 +105,8 @@ def _distil(args, out: Path) -> int:
     with user_input():
         check_directory(out, args.overwrite)  # before the fit, which takes a while
         source = load_checkpoint(args.run)
-        model, train_config, tokenizer = model_from_checkpoint(args.run, args.device)
+        run = open_run(args.run, device=args.device)
+        model, train_config, tokenizer = run.model, run.training_settings("distil"), run.tokenizer
         args.horizon = args.horizon or train_config["seq_len"]
         orders = _orders(args)
         settings = {"source": str(args.run), "window": args.window, "horizon": args.horizon}

@@ -8,11 +8,11 @@ from ..data.sources import load_data
 from ..errors import user_input
 from ..fields import Choice, Integer, Lengths, Output, check_output_path
 from ..files import write_json_atomic
+from ..runs import Run, open_run
+from ..runs.metrics import training_cost
 from ..table import format_table
-from ..train.checkpoint import model_from_checkpoint, resolve_checkpoint
 from ..train.evaluate import EVAL_BATCH, SCORES
 from ..train.objectives import objective_class, objective_for
-from ..train.runs import training_cost
 from ..version import __version__, source_revision
 from .common import RUN, add_precision, add_threads_and_device, use_threads
 
@@ -62,9 +62,10 @@ TRAINING_COLUMNS = {  # a multi-run table's columns for each run's last training
 }
 
 
-def _evaluate_run(model, train_config: dict, tokenizer, checkpoint: str, training: dict, args) -> dict:
+def _evaluate_run(run: Run, checkpoint: str, training: dict, args) -> dict:
     """One checkpoint: its description (``training``: its last session's cost) and a row per length
     (language models, recall) or per split (classification: val and test unless --split is given)."""
+    model, train_config, tokenizer = run.model, run.settings, run.tokenizer
     splits = args.split or (["val", "test"] if model.config.task == "classify" else ["test"])
     lengths = args.lengths or [train_config["seq_len"]]
     batch_size = args.batch_size or min(EVAL_BATCH, train_config["batch_size"])
@@ -148,17 +149,17 @@ def run_eval(args) -> int:
     with user_input():
         use_threads(args)
         check_output_path(args.json, "--json")
-        runs = [(*model_from_checkpoint(checkpoint, args.device), checkpoint) for checkpoint in args.checkpoint]
-        kinds = {(objective_class(train_config["data"]).kind, model.config.task) for model, train_config, _, _ in runs}
+        runs = [open_run(checkpoint, device=args.device) for checkpoint in args.checkpoint]
+        kinds = {(objective_class(run.training_settings("eval")["data"]).kind, run.config.task) for run in runs}
         if len(kinds) > 1:
             raise ValueError(f"checkpoints in one table must share a kind of data and task; these have {sorted(kinds)}")
-        if args.lengths and runs[0][0].config.task == "classify":
+        if args.lengths and runs[0].config.task == "classify":
             raise ValueError("--lengths applies to language models and recall; a classifier reads whole examples of the data's own lengths")
-        for model, train_config, tokenizer, _ in runs:
-            model.precision = args.precision
-            run_objective(model, train_config, tokenizer, train_config["seq_len"])  # the data is still where it was
-        costs = [training_cost(resolve_checkpoint(checkpoint).parent) for *_, checkpoint in runs]  # a damaged metrics.jsonl is refused here
-    results = [_evaluate_run(*run, cost, args) for run, cost in zip(runs, costs, strict=True)]
+        for run in runs:
+            run.model.precision = args.precision
+            run_objective(run.model, run.settings, run.tokenizer, run.settings["seq_len"])  # the data is still where it was
+        costs = [training_cost(run.directory) for run in runs]  # a damaged metrics.jsonl is refused here
+    results = [_evaluate_run(*entry, args) for entry in zip(runs, args.checkpoint, costs, strict=True)]
     print(eval_report(results))
     if args.json:
         write_json_atomic(args.json, results[0] if len(results) == 1 else results)

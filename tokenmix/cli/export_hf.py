@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import user_input
 from ..fields import Output, check_output_path
-from ..train.checkpoint import model_from_checkpoint
+from ..runs import open_run
 from .common import RUN
 
 
@@ -12,7 +12,7 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "export-hf", help="write a run for Hugging Face transformers: config.json, model.safetensors, tokenizer (docs/hf.md)"
     )
-    parser.add_argument("checkpoint", type=RUN, help="checkpoint.pt or its run directory")
+    parser.add_argument("checkpoint", type=RUN, help="a run directory, checkpoint.pt or model folder (save_pretrained)")
     parser.add_argument(
         "out", type=Output("a folder to write", folder=True), help="the folder to write (refused if it holds files, unless --overwrite)"
     )
@@ -27,8 +27,8 @@ def run_export_hf(args) -> int:
         except ImportError as error:
             raise ValueError(str(error)) from None
         check_output_path(args.out, "out", directory=True)
-        model, train_config, tokenizer = model_from_checkpoint(args.checkpoint)
-        directory = hf.export(model, args.out, tokenizer, overwrite=args.overwrite)
+        run = open_run(args.checkpoint)
+        directory = hf.export(run.model, args.out, run.tokenizer, overwrite=args.overwrite)
     files = sorted(path.name for path in directory.iterdir())
     print(f"wrote {directory}: {', '.join(files)}")
     return 0

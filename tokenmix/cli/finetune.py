@@ -7,8 +7,9 @@ from dataclasses import asdict
 
 from ..errors import user_input
 from ..fields import Existing
+from ..runs import open_run
 from ..train.config import TrainConfig
-from ..train.finetune import FROM_PRETRAINED, finetune_data, finetune_settings, read_pretrained
+from ..train.finetune import FROM_PRETRAINED, finetune_data, finetune_settings
 from .train import (
     add_run_flags,
     finished_is_done,
@@ -64,7 +65,7 @@ def run_finetune(args) -> int:
             if config.init is None:
                 raise ValueError(f"--resume: the run in {args.out!r} is not a fine-tuning run; continue it with `tokenmix train --resume`")
         else:
-            pretrained = read_pretrained(args.pretrained)
+            pretrained = open_run(args.pretrained)
             args.data = finetune_data(pretrained, args.pretrained, args.data)
             # a --minutes budget sets steps to None over the default step count
             defaults = {**FINETUNE_DEFAULTS, **_causal_defaults(pretrained)}
@@ -79,5 +80,6 @@ def _causal_defaults(pretrained) -> dict:
     length and batch size, where its checkpoint has them."""
     if pretrained.config.task != "lm":
         return {}
-    kept = {key: pretrained.settings[key] for key in ("seq_len", "batch_size") if key in pretrained.settings}
+    settings = pretrained.settings or {}
+    kept = {key: settings[key] for key in ("seq_len", "batch_size") if key in settings}
     return {"dropout": pretrained.config.options.get("dropout", 0.0), **kept}

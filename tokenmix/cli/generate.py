@@ -12,13 +12,13 @@ from ..data.tokenizer import Tokenizer
 from ..errors import user_input
 from ..fields import Integer, Number, Text
 from ..generation import StopRule, check_sampling, generate, naive_generate
-from ..train.checkpoint import model_from_checkpoint
+from ..runs import open_run
 from .common import DEMO_PROMPT, RUN, add_precision, add_threads_and_device, escaped, printable, use_threads
 
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("generate", help="sample text from a causal LM checkpoint (cached: one step per token)")
-    parser.add_argument("checkpoint", type=RUN, help="checkpoint.pt or its run directory (with --transformers: an export-hf folder)")
+    parser.add_argument("checkpoint", type=RUN, help="a run directory, checkpoint.pt or model folder (--transformers: an export-hf folder)")
     parser.add_argument(
         "--prompt",
         action="append",
@@ -110,12 +110,12 @@ def run_generate(args) -> int:
         return run_transformers_generate(args)
     with user_input():
         use_threads(args)
-        model, train_config, tokenizer = model_from_checkpoint(args.checkpoint, args.device)
+        run = open_run(args.checkpoint, device=args.device)
+        model = run.model
         model.precision = args.precision
         if model.config.task != "lm":
             raise ValueError(f"generate needs a causal LM checkpoint (task 'lm'); {args.checkpoint!r} is task {model.config.task!r}")
-        if tokenizer is None:
-            raise ValueError(f"generate writes text; {args.checkpoint!r} was trained on {train_config['data']!r}, which is not text")
+        tokenizer = run.text_tokenizer("generate writes text")
         texts = args.prompt or [DEMO_PROMPT]
         if any(not text for text in texts):
             raise ValueError("--prompt must not be empty")

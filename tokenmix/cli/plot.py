@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from ..errors import user_input
 from ..fields import Integer, Output, check_output_path
-from ..train.checkpoint import model_from_checkpoint
+from ..runs import open_run
 from .common import RUN
 
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("plot", help="PNG pictures: random FD responses (no RUN), or a trained run's Toeplitz operators")
-    parser.add_argument("run", nargs="?", type=RUN, help="checkpoint.pt or its run directory; without it: random FD RPEs")
+    parser.add_argument("run", nargs="?", type=RUN, help="a run directory, checkpoint.pt or model folder; without it: random FD RPEs")
     parser.add_argument(
         "--out", type=Output("a folder for the pictures", folder=True), default="plots", help="output directory, created (default: plots)"
     )
@@ -30,7 +30,7 @@ def run_plot(args) -> int:
             files = [plot_fd_responses(f"{args.out}/fd_responses_random.png", n=args.length)]
         else:
             channel = args.channel or 0
-            model, _, _ = model_from_checkpoint(args.run)
+            model = open_run(args.run).model
             mixers = toeplitz_mixers(model)
             channels = min(mixer.dim for _, mixer in mixers)
             if channel >= channels:

@@ -11,8 +11,9 @@ import torch
 
 from ..errors import user_input
 from ..fields import ByteSize, Existing, Integer, Number, Text
+from ..runs import open_run
 from ..runtime import available_cpus, release_freed_memory, set_threads
-from ..serve.loading import load_served
+from ..serve.loading import check_servable
 from .common import add_precision, add_threads_and_device
 
 API_KEY_VARIABLE = "TOKENMIX_API_KEY"
@@ -126,7 +127,10 @@ def run_serve(args) -> int:
             raise ValueError(SERVE_EXTRA) from None
         threads = args.threads or max(1, min(torch.get_num_threads(), available_cpus() - 1))  # a core for the HTTP loop
         set_threads(threads)  # warns here when there are more threads than CPUs; the engine's process uses as many
-        tokenizer, name = load_served(args.checkpoint, "cpu")[1:]  # a wrong path or model is refused before that process starts
+        run = open_run(args.checkpoint)  # a wrong path or model is refused before that process starts
+        check_servable(run, args.checkpoint)
+        tokenizer, name = run.tokenizer, run.name
+        del run
         release_freed_memory()  # the weights loaded here for the check: the engine's process loads its own
         if args.max_choices is None:
             args.max_choices = min(DEFAULT_CHOICES, args.max_batch)

@@ -12,12 +12,14 @@ from ..data.tokenizer import TOKENIZER_FILE
 from ..errors import user_input
 from ..fields import Choice, Integer
 from ..generation import generate
-from ..train.checkpoint import CHECKPOINT_FILE, load_checkpoint, resolve_checkpoint, train_config_of
+from ..runs.checkpoint import load_checkpoint, resolve_checkpoint
+from ..runs.layout import CHECKPOINT_FILE, METRICS_FILE
 from ..train.config import TrainConfig
+from ..train.directory import existing_run_files
 from ..train.evaluate import describe
 from ..train.loop import Trainer
 from ..train.recipes import apply_recipe
-from ..train.runs import METRICS_FILE, existing_run_files
+from ..train.resume import train_config_of
 from ..train.stopping import RunFinished, TrainingDiverged, TrainingInterrupted
 from .common import DEMO_PROMPT, INTERRUPTED_STATUS, OPTION, printable
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from transformers import PreTrainedConfig
 
-from ..models.config import ModelConfig, with_segment_length
+from ..models.config import ModelConfig
+from ..runs.migrations import read_model_config, with_segment_length
 
 
 class TokenmixConfig(PreTrainedConfig):
@@ -27,11 +28,11 @@ class TokenmixConfig(PreTrainedConfig):
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
         if self.tokenmix is not None:
-            config = ModelConfig.from_dict(self.tokenmix)  # ValueError for a config this tokenmix cannot read
+            config = read_model_config(self.tokenmix)  # ValueError for a config this tokenmix cannot read
             self.vocab_size, self.hidden_size = config.vocab_size, config.dim
 
     def model_config(self, **changes) -> ModelConfig:
         """The tokenmix ModelConfig, with ``changes`` (a head's task and classes)."""
         if self.tokenmix is None:
             raise ValueError("TokenmixConfig needs tokenmix=ModelConfig.to_dict() of the model it describes")
-        return with_segment_length(ModelConfig.from_dict({**self.tokenmix, **changes}), self.tokenmix, self.segment_length)
+        return with_segment_length(read_model_config({**self.tokenmix, **changes}), self.tokenmix, self.segment_length)

@@ -13,9 +13,9 @@ from transformers import PreTrainedTokenizerFast
 from ..data.tokenizer import MASK, Tokenizer
 from ..files import atomic_folder, default_file_mode
 from ..models.model import SequenceModel
-from ..models.pretrained import HF_MODEL_TYPE, read_json, read_saved
 from ..models.saving import CONFIG_FILE
-from ..train.checkpoint import CHECKPOINT_FILE
+from ..runs.folder import EXPORT, HF_MODEL_TYPE, read_json, read_model_folder
+from ..runs.layout import CHECKPOINT_FILE
 from . import settings
 from .configuration import TokenmixConfig
 from .modeling import TokenmixForCausalLM, TokenmixForMaskedLM, TokenmixForSequenceClassification
@@ -48,7 +48,7 @@ def hf_tokenizer(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
 
 def export(model: SequenceModel, directory, tokenizer: Tokenizer | None = None, *, overwrite: bool = False) -> Path:
     """Write ``model`` (and ``tokenizer``) to ``directory`` for ``from_pretrained`` of transformers'
-    Auto classes (after ``import tokenmix.hf``) and of ``tokenmix.from_pretrained``. A directory
+    Auto classes (after ``import tokenmix.hf``) and ``tokenmix.open_run``. A directory
     that holds files is refused unless ``overwrite``.
     """
     directory = Path(directory)
@@ -87,14 +87,13 @@ def check_export(directory) -> None:
         raise ValueError(
             f"{str(directory)!r} is a run directory; transformers reads a folder written by `tokenmix export-hf {directory} DIR`"
         )
-    config, weights = read_saved(directory)
-    transformers_config = read_json(directory / CONFIG_FILE, "model config")
-    if transformers_config.get("model_type") != HF_MODEL_TYPE:
+    config, _, layout = read_model_folder(directory)
+    if layout != EXPORT:
         raise ValueError(
             f"{str(directory / CONFIG_FILE)!r} has no model_type {HF_MODEL_TYPE!r}: a save_pretrained folder, not a transformers "
             "export; write one with `tokenmix export-hf`"
         )
-    settings.check_config(directory / CONFIG_FILE, transformers_config, config)  # ``read_saved`` checked the weights
+    settings.check_config(directory / CONFIG_FILE, read_json(directory / CONFIG_FILE, "model config"), config)  # weights checked above
     files = {}
     for name in SETTINGS_FILES:
         if (directory / name).exists():

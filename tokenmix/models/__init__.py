@@ -1,8 +1,7 @@
-"""Model configs, the model registry and save/load."""
+"""Model configs, the model registry, the sequence model and save_pretrained (``tokenmix.runs`` reads it back)."""
 
 from .config import FORMAT_VERSION, ModelConfig
 from .model import SequenceModel, build_model
-from .pretrained import from_pretrained
 from .registry import TASKS, list_models, resolve_model_options
 from .saving import save_pretrained
 
@@ -13,7 +12,6 @@ __all__ = [
     "ModelConfig",
     "SequenceModel",
     "build_model",
-    "from_pretrained",
     "list_models",
     "save_pretrained",
 ]

@@ -3,17 +3,14 @@
 A config names the model, its task and sizes, and *every* constructor option of its blocks and
 mixers with defaults filled in (``resolve_model_options``), so a saved model reloads as the same
 model after a default changes. Configs of format 2 and later are read strictly: an unknown or
-missing key, or a newer format, is a ValueError. Format 3 added the classification head's ``pool``
-and ``documents`` (format 2 configs read as "mean" and 1, the only head they had); format 4 made
-Transformer-XL's attention a registered mixer (``renamed_xl_mixer`` reads older configs). Format 1
-(tokenmix 0.1, no version field) recorded only the options a user passed; it is still read, with a
-warning that today's defaults fill the rest.
+missing key, or a newer format, is a ValueError. ``from_dict`` reads today's format; a config of an
+older one is brought to it first by ``tokenmix.runs.migrations`` (one function per format), which every
+reader of saved files goes through.
 """
 
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import asdict, dataclass, field
 
 from ..validation import check_int
@@ -23,7 +20,7 @@ from .registry import TASKS, resolve_model_options
 FORMAT_VERSION = 5
 POOLS = ("mean", "first", "last")
 # The keys of each format (format 1 recorded no versions; format 3 added the classification head's pool and documents;
-# format 4 renamed Transformer-XL's mixer, see ``renamed_xl_mixer``).
+# formats 4 and 5 changed options, not keys: runs/migrations.py).
 FORMAT_KEYS = {1: {"name", "task", "vocab_size", "dim", "depth", "num_classes", "options"}}
 FORMAT_KEYS[2] = FORMAT_KEYS[1] | {"format_version", "tokenmix_version"}
 FORMAT_KEYS[3] = FORMAT_KEYS[2] | {"pool", "documents"}
@@ -85,76 +82,35 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelConfig:
-        """Read a saved config; ValueError on a newer format or keys this version does not know."""
-        if not isinstance(data, dict):
-            raise ValueError(f"a model config must be a JSON object, got {type(data).__name__}")
-        version = data.get("format_version", 1)
-        if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
-            written = data.get("tokenmix_version", "unknown")
+        """Read a saved config of today's format; ValueError on another format or keys it does not have
+        (``tokenmix.runs.migrations.read_model_config`` reads older formats)."""
+        version = config_format(data)
+        if version != FORMAT_VERSION:
             raise ValueError(
-                f"config format_version {version!r} (written by tokenmix {written}) is not one this tokenmix "
-                f"({__version__}, formats 1 to {FORMAT_VERSION}) reads: a newer tokenmix wrote it, or the file is damaged"
+                f"config format_version {version} predates this tokenmix's ({FORMAT_VERSION}): read saved configs with "
+                "tokenmix.runs.migrations.read_model_config, which upgrades them"
             )
-        known = FORMAT_KEYS[version]
-        unknown = sorted(map(str, set(data) - known))
-        if unknown:
-            raise ValueError(f"config has unknown keys {unknown}; format {version} configs have {sorted(known)}")
-        missing = sorted(known - set(data)) if version > 1 else [] if "name" in data else ["name"]
-        if missing:
-            raise ValueError(f"config lacks {missing}: a format {version} config records every field ({sorted(known)})")
-        if not isinstance(data.get("tokenmix_version", ""), str):
-            raise ValueError(f"config tokenmix_version must be a version string, got {data['tokenmix_version']!r}")
-        if version == 1:
-            warnings.warn(
-                "this config predates tokenmix 0.2 (format 1) and records only the options passed by hand; "
-                "today's defaults fill in the rest, which may differ from those it was trained with",
-                stacklevel=2,
-            )
-        if version < 4:
-            data = renamed_xl_mixer(data)
-        if version < 5:
-            data = without_tcn_depth(data)
         return cls(**{key: value for key, value in data.items() if key not in ("format_version", "tokenmix_version")})
 
 
-def renamed_xl_mixer(data: dict) -> dict:
-    """A config of format 1 to 3: Transformer-XL's attention was its block's own part, ``mixer="attention"``,
-    beside an unused FNetAR ``window``; it is the registered ``relative_attention`` mixer since format 4."""
-    options = data.get("options")
-    if data.get("name") != "transformer_xl" or not isinstance(options, dict) or options.get("mixer", "attention") != "attention":
-        return data
-    options = {key: value for key, value in options.items() if key != "window"}
-    return {**data, "options": {**options, "mixer": "relative_attention"} if "mixer" in options else options}
-
-
-def without_tcn_depth(data: dict) -> dict:
-    """A config of format 1 to 4 held its options flat, a MEGA-style block's TCN depth as ``tcn_depth``
-    (None without a TCN); flat options still resolve (``mixers/parts.py``), the TCN's depth as ``depth``."""
-    options = data.get("options")
-    if not isinstance(options, dict) or "tcn_depth" not in options:
-        return data
-    depth = options["tcn_depth"]
-    options = {key: value for key, value in options.items() if key != "tcn_depth"}
-    return {**data, "options": options if depth is None else {**options, "depth": depth}}
-
-
-def with_segment_length(config: ModelConfig, saved: dict, segment_length: int | None) -> ModelConfig:
-    """A config written before segment-recurrent (XL) models recorded their ``segment_length``: the
-    segment they were trained with (the run's ``--seq-len``, or an export's field) where the model
-    takes one and the ``saved`` config dict lacks it."""
-    if segment_length is not None and "segment_length" in config.options and "segment_length" not in saved.get("options", {}):
-        config.options["segment_length"] = segment_length
-    return config
-
-
-def signature_with_segment_length(signature: str, config: ModelConfig) -> str:
-    """A saved stream's model signature (its model's config JSON) from before XL models recorded their
-    ``segment_length``: ``config``'s where they differ in nothing else, else unchanged."""
-    try:
-        saved = json.loads(signature)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a format 1 config's: the checkpoint's own config warned already
-            migrated = with_segment_length(ModelConfig.from_dict(saved), saved, config.options.get("segment_length"))
-    except (ValueError, TypeError, AttributeError):
-        return signature
-    return config.to_json() if migrated.to_json() == config.to_json() else signature
+def config_format(data: dict) -> int:
+    """The format of a saved config, checked: ValueError on a newer format, or keys its format does not have."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a model config must be a JSON object, got {type(data).__name__}")
+    version = data.get("format_version", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+        written = data.get("tokenmix_version", "unknown")
+        raise ValueError(
+            f"config format_version {version!r} (written by tokenmix {written}) is not one this tokenmix "
+            f"({__version__}, formats 1 to {FORMAT_VERSION}) reads: a newer tokenmix wrote it, or the file is damaged"
+        )
+    known = FORMAT_KEYS[version]
+    unknown = sorted(map(str, set(data) - known))
+    if unknown:
+        raise ValueError(f"config has unknown keys {unknown}; format {version} configs have {sorted(known)}")
+    missing = sorted(known - set(data)) if version > 1 else [] if "name" in data else ["name"]
+    if missing:
+        raise ValueError(f"config lacks {missing}: a format {version} config records every field ({sorted(known)})")
+    if not isinstance(data.get("tokenmix_version", ""), str):
+        raise ValueError(f"config tokenmix_version must be a version string, got {data['tokenmix_version']!r}")
+    return version

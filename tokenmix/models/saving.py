@@ -1,5 +1,5 @@
 """Writing a model directory: ``model.safetensors`` (weights) and ``config.json`` (the resolved config),
-each atomically; ``pretrained`` reads them back."""
+each atomically; ``tokenmix.runs.open_run`` reads them back."""
 
 from __future__ import annotations
 

@@ -373,14 +373,17 @@ def serve_engine(requests, events, settings: dict) -> None:
     the server's to handle: it drains, then stops this process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from ..runs import open_run
     from ..runtime import retain_freed_memory, set_threads
     from .engine import Engine
-    from .loading import load_served
+    from .loading import check_servable
 
     retain_freed_memory()
     try:
         set_threads(settings["threads"])
-        model, tokenizer, _ = load_served(settings["served"], settings["device"])
+        run = open_run(settings["served"], device=settings["device"])
+        check_servable(run, settings["served"])
+        model, tokenizer = run.model, run.tokenizer
         model.precision = settings["precision"]
         engine = Engine(model, tokenizer.token_bytes, **settings["engine"])
     except (ValueError, RuntimeError) as error:

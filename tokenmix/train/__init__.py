@@ -1,8 +1,7 @@
-"""Training, evaluation and checkpoints."""
+"""Training, evaluation, and writing and resuming runs (``tokenmix.runs`` reads them)."""
 
-from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .evaluate import evaluate_lm, evaluate_mlm
 from .loop import Trainer
 
-__all__ = ["TrainConfig", "Trainer", "evaluate_lm", "evaluate_mlm", "load_checkpoint", "save_checkpoint"]
+__all__ = ["TrainConfig", "Trainer", "evaluate_lm", "evaluate_mlm"]

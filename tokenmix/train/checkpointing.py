@@ -1,7 +1,7 @@
 """The checkpointing side of a ``Trainer``: what a checkpoint holds, writing it, and resuming from it
 (the settings a resume may change, the data files it must find unchanged, the weights, optimizer,
 schedule, RNG and XL streams it restores). With ``--fsdp`` the weights and optimizer state are
-written sharded (``sharded_checkpoint.py``); a resume reads either kind on any number of processes."""
+written sharded (``runs/sharded.py``); a resume reads either kind on any number of processes."""
 
 from __future__ import annotations
 
@@ -11,21 +11,13 @@ from pathlib import Path
 import torch
 
 from ..data.provenance import data_changes
-from ..models.pretrained import load_weights
 from ..parallel.fsdp import local_part
-from .checkpoint import (
-    CHECKPOINT_FILE,
-    check_resumable,
-    load_checkpoint,
-    load_optimizer_state,
-    restore_rng_state,
-    rng_state,
-    save_checkpoint,
-    segment_state_of,
-    train_config_of,
-)
-from .runs import MODEL_DIRECTORY, resume_changes
-from .sharded_checkpoint import SHARDS_KEY, load_shards, remove_unused_shards, save_shards, shards_of
+from ..runs.checkpoint import load_checkpoint, save_checkpoint
+from ..runs.layout import CHECKPOINT_FILE, MODEL_DIRECTORY
+from ..runs.sharded import SHARDS_KEY, load_shards, remove_unused_shards, save_shards, shards_of
+from ..runs.weights import load_weights
+from .directory import resume_changes
+from .resume import check_resumable, load_optimizer_state, restore_rng_state, rng_state, segment_state_of, train_config_of
 from .stopping import RunFinished, TrainingDiverged
 
 

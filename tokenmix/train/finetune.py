@@ -4,8 +4,8 @@
 options and tokenizer) on a classification task with a new head: every weight but the head is
 loaded from ``RUN``, as BERT / RoBERTa fine-tuning does (Devlin et al., "BERT", arXiv 1810.04805,
 Section 3.2; the TNN paper's GLUE runs: Qin et al., "Toeplitz Neural Network for Sequence
-Modeling", arXiv 2305.04749, Section 4). ``RUN`` is a run directory, its ``checkpoint.pt``, or a
-``save_pretrained`` directory. A bidirectional model (task "mlm") is fine-tuned as a classifier; a
+Modeling", arXiv 2305.04749, Section 4). ``RUN`` is whatever ``tokenmix.open_run`` opens: a run directory,
+its ``checkpoint.pt``, or a ``save_pretrained`` directory. A bidirectional model (task "mlm") is fine-tuned as a classifier; a
 causal language model (task "lm") goes on as one, on the data it was trained on unless told: a
 distilled model (``tokenmix distil``) recovers there what the distillation cost. The fine-tuned run
 reads its data with the pretrained model's tokenizer (kept in its checkpoint).
@@ -13,58 +13,19 @@ reads its data with the pretrained model's tokenizer (kept in its checkpoint).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
-
-import torch
-
-from ..data.corpus import BYTE_VOCAB
-from ..data.tokenizer import TOKENIZER_FILE, Tokenizer, byte_tokenizer
-from ..models.config import ModelConfig
-from ..models.pretrained import load_weights, read_saved
-from ..models.saving import CONFIG_FILE, WEIGHTS_FILE
-from .checkpoint import checked_model_of, checkpoint_tokenizer, load_checkpoint, resolve_checkpoint
+from ..runs import Run
+from ..runs.weights import load_weights
 
 HEAD_PREFIX = "classifier."
 # Settings that come from the pretrained model (a fine-tuning run cannot change them).
 FROM_PRETRAINED = ("model", "dim", "depth", "tokenizer", "task", "init")
 FINETUNED_TASK = {"mlm": "classify", "lm": "lm"}  # the pretrained model's task -> the fine-tuning run's
+TEXT = "fine-tuning reads text with the pretrained model's tokenizer"
 
 
-@dataclass
-class Pretrained:
-    """A pretrained model's config, weights and tokenizer."""
-
-    config: ModelConfig
-    weights: dict[str, torch.Tensor]
-    tokenizer: Tokenizer
-    settings: dict = field(default_factory=dict)  # its training settings (data, seq_len, ...), where its checkpoint has them
-
-
-def read_pretrained(path) -> Pretrained:
-    """The model at ``path``: a run directory or checkpoint file (its tokenizer is kept in the
-    checkpoint), or a save_pretrained directory (its ``tokenizer.json``; none: a byte-level model)."""
-    path = Path(path)
-    if path.is_dir() and ((path / CONFIG_FILE).is_file() or (path / WEIGHTS_FILE).is_file()):
-        config, weights = read_saved(path)
-        if (path / TOKENIZER_FILE).is_file():
-            tokenizer = Tokenizer.load(path)
-        elif config.vocab_size in (BYTE_VOCAB, BYTE_VOCAB + 1):
-            tokenizer = byte_tokenizer()
-        else:
-            raise ValueError(f"{str(path)!r} has no {TOKENIZER_FILE} for its {config.vocab_size} token ids: put the tokenizer beside it")
-        return Pretrained(config, weights, tokenizer)
-    file = resolve_checkpoint(path)
-    state = load_checkpoint(file)
-    tokenizer = checkpoint_tokenizer(state, file)
-    if tokenizer is None:
-        data = state["train_config"].get("data")
-        raise ValueError(f"{str(path)!r} was trained on {data!r}, which is not text: nothing to fine-tune on text")
-    return Pretrained(*checked_model_of(state, file), tokenizer, dict(state["train_config"]))
-
-
-def finetuned_task(pretrained: Pretrained, path) -> str:
+def finetuned_task(pretrained: Run, path) -> str:
     """The task a fine-tuning run of ``pretrained`` (read from ``path``) trains: ValueError for a model it cannot start from."""
+    pretrained.text_tokenizer(TEXT)
     task = pretrained.config.task
     if task not in FINETUNED_TASK:
         raise ValueError(
@@ -74,9 +35,10 @@ def finetuned_task(pretrained: Pretrained, path) -> str:
     return FINETUNED_TASK[task]
 
 
-def check_init_task(pretrained: Pretrained, path, task: str) -> None:
+def check_init_task(pretrained: Run, path, task: str) -> None:
     """ValueError unless a run of ``task`` may start from ``pretrained``'s weights (read from ``path``): its own task
     (more of the same training) or the one it is fine-tuned to (``FINETUNED_TASK``)."""
+    pretrained.text_tokenizer(TEXT)
     allowed = list(dict.fromkeys([pretrained.config.task, FINETUNED_TASK.get(pretrained.config.task, pretrained.config.task)]))
     if task not in allowed:
         raise ValueError(
@@ -85,7 +47,7 @@ def check_init_task(pretrained: Pretrained, path, task: str) -> None:
         )
 
 
-def finetune_data(pretrained: Pretrained, path, data: str | None) -> str:
+def finetune_data(pretrained: Run, path, data: str | None) -> str:
     """The data a fine-tuning run of ``pretrained`` reads: ``data`` if it suits the run's task, else for a causal
     language model the data it was trained on; ValueError otherwise."""
     from .objectives import objective_class
@@ -100,7 +62,7 @@ def finetune_data(pretrained: Pretrained, path, data: str | None) -> str:
                 "listops, lra-text:DIR, lra-retrieval:DIR, lra-image:DIR, lra-pathfinder:DIR or shapes"
             )
         return data
-    data = data or pretrained.settings.get("data")
+    data = data or (pretrained.settings or {}).get("data")
     if data is None:
         raise ValueError(
             f"finetune needs --data for the causal language model {str(path)!r}: its text (the model does not say what it was trained on)"
@@ -110,7 +72,7 @@ def finetune_data(pretrained: Pretrained, path, data: str | None) -> str:
     return data
 
 
-def finetune_settings(pretrained: Pretrained, path, given: dict) -> dict:
+def finetune_settings(pretrained: Run, path, given: dict) -> dict:
     """TrainConfig settings of a fine-tuning run of the model ``pretrained`` read from ``path``: its
     model, its fine-tuning task, and ``given`` (the flags) for the rest. ValueError for a model it cannot
     fine-tune or a flag that would change the pretrained model."""
@@ -124,9 +86,9 @@ def finetune_settings(pretrained: Pretrained, path, given: dict) -> dict:
     return {**base, "init": str(path), **given, "options": {**options, **given.get("options", {})}}
 
 
-def load_initial_weights(model, pretrained: Pretrained, path) -> None:
+def load_initial_weights(model, pretrained: Run, path) -> None:
     """Copy every weight of ``pretrained`` (read from ``path``) into ``model`` except the task head
     (new, left as initialised); ValueError if the two models differ anywhere else."""
     head = {key: value for key, value in model.state_dict().items() if key.startswith(HEAD_PREFIX)}
-    body = {key: value for key, value in pretrained.weights.items() if not key.startswith(HEAD_PREFIX)}
+    body = {key: value for key, value in pretrained.model.state_dict().items() if not key.startswith(HEAD_PREFIX)}
     load_weights(model, {**body, **head}, f"init {str(path)!r}")

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from ..files import storage_fault
-from .runs import check_run_folder
+from .directory import check_run_folder
 
 LOCK_FILE = ".writer.lock"
 

@@ -10,7 +10,7 @@ their memory from step to step; the memory is saved in checkpoints so resuming s
 Nothing trained is lost: a checkpoint is written every ``save_every`` (steps, or minutes of wall
 time), when training ends, and on SIGINT (Ctrl-C) or SIGTERM, after which the run stops with
 ``TrainingInterrupted``. A non-finite loss stops the run with ``TrainingDiverged`` and leaves the
-last good checkpoint in place. Run directories follow ``runs.py``: never two runs in one.
+last good checkpoint in place. Run directories follow ``directory.py``: never two runs in one.
 The run's settings are ``config.py``'s, its checkpoint and resume ``checkpointing.py``'s, how it
 stops early ``stopping.py``'s.
 """
@@ -32,31 +32,27 @@ from ..data.sources import DataSource, load_data
 from ..data.tokenizer import TOKENIZER_FILE, Tokenizer
 from ..devices import resolve_device
 from ..models.model import ModelState, SequenceModel
-from ..models.pretrained import from_pretrained
 from ..models.saving import save_pretrained
 from ..parallel import ContextParallel, context_parallel_problems
 from ..parallel.fsdp import full_state_dict, shard_model
 from ..progress import progress_bar
+from ..runs import Run, open_run
+from ..runs.checkpoint import check_tokenizer_beside, checkpoint_tokenizer, model_config_of
+from ..runs.layout import CHECKPOINT_FILE, METRICS_FILE, MODEL_DIRECTORY
+from ..runs.sharded import SHARDS_KEY
 from ..runtime import set_threads
 from ..validation import set_finite_checks
-from .checkpoint import (
-    CHECKPOINT_FILE,
-    check_tokenizer_beside,
-    checkpoint_tokenizer,
-    model_config_of,
-)
 from .checkpointing import CheckpointedRun, check_world_size
 from .config import DEFAULT_WARMUP, TrainConfig, parse_interval
+from .directory import append_metrics, check_directory, claim_directory, clean_stale, truncate_metrics
 from .distributed import DistributedContext, check_launch, init_distributed
 from .evaluate import EVAL_BATCH, describe
-from .finetune import Pretrained, check_init_task, load_initial_weights, read_pretrained
+from .finetune import check_init_task, load_initial_weights
 from .lock import RunLock, torchrun_rank
 from .memory import GB, check_memory_fits, describe_memory, estimate_training_memory, peak_memory
 from .objectives import check_task, objective_for
 from .optim import build_optimizer
-from .runs import METRICS_FILE, MODEL_DIRECTORY, append_metrics, check_directory, claim_directory, clean_stale, truncate_metrics
 from .schedule import lr_multiplier
-from .sharded_checkpoint import SHARDS_KEY
 from .stopping import StopSignals, TrainingDiverged, TrainingInterrupted
 
 CALIBRATION_STEPS = 5
@@ -66,7 +62,7 @@ class Trainer(CheckpointedRun):
     """Owns one run: model, optimizer, schedule, data and the run directory.
 
     ``resume=True`` continues the run in ``config.out`` from its checkpoint; ``config`` must then
-    equal the checkpoint's settings except for ``runs.RESUMABLE`` ones. ``overwrite=True`` replaces
+    equal the checkpoint's settings except for ``directory.RESUMABLE`` ones. ``overwrite=True`` replaces
     a run already in ``config.out``; without it, such a directory is refused. ``pretrained``: the
     model ``config.init`` names, when the caller has read it already.
     """
@@ -77,7 +73,7 @@ class Trainer(CheckpointedRun):
         resume: bool = False,
         progress: bool = True,
         overwrite: bool = False,
-        pretrained: Pretrained | None = None,
+        pretrained: Run | None = None,
         allow_data_change: bool = False,
         memory_check: bool = True,
     ):
@@ -103,7 +99,7 @@ class Trainer(CheckpointedRun):
         check_launch(config.context_parallel, config.fsdp)
         saved = self._load_checkpoint() if resume else None
         if config.init is not None and not resume:  # ``pretrained``: config.init already read (tokenmix finetune)
-            self.pretrained = pretrained or read_pretrained(config.init)
+            self.pretrained = pretrained or open_run(config.init)
             check_init_task(self.pretrained, config.init, config.task)
         else:
             self.pretrained = None
@@ -428,7 +424,7 @@ class Trainer(CheckpointedRun):
         ``run`` saved in the run's model folder, read back."""
         if not self.config.fsdp:
             return self.model
-        model = from_pretrained(self.out / MODEL_DIRECTORY, self.device)
+        model = open_run(self.out / MODEL_DIRECTORY, device=self.device).model
         model.precision = self.config.precision
         return model
 

@@ -1,17 +1,13 @@
-"""save_pretrained / from_pretrained: ``config.json`` + ``model.safetensors`` in a directory.
+"""A model's weights checked against the config that describes them, before a model is built from them.
 
-``from_pretrained`` also reads a directory written for transformers (``tokenmix.hf.export``,
-``tokenmix export-hf``): its config holds the tokenmix config under ``tokenmix`` and its weights
-are prefixed ``tokenmix.``. Both files are data (JSON and safetensors), never code; a damaged or
-edited file is a ValueError that names it and says what is wrong. The config is checked against the
-weights' header (names, shapes, dtypes) before any memory is allocated: its sizes first, then the
-model it describes, built on the meta device, so a config asking for more than the weights hold
-costs nothing.
+Weights are safetensors files (data, never code) or a checkpoint's tensors. A config is checked
+against the weights' header (names, shapes, dtypes) before any memory is allocated: its sizes first
+(``check_sizes``), then the model it describes, built on the meta device (``check_fits``), so a config
+asking for more than the weights hold costs nothing. A damaged file is a ValueError naming it.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,25 +17,14 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from torch.nn.modules.module import register_module_parameter_registration_hook
 
-from ..devices import resolve_device
-from .config import ModelConfig, with_segment_length
-from .model import SequenceModel
-from .saving import CONFIG_FILE, WEIGHTS_FILE
+from ..models.config import ModelConfig
+from ..models.model import SequenceModel
 
-HF_MODEL_TYPE = "tokenmix"  # transformers' model_type of tokenmix models, and the key of their tokenmix config
 EMBEDDING = "embedding.weight"  # (vocab_size, dim)
 DTYPES = {  # safetensors' names of the dtypes a model's weights may have
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
 }  # fmt: skip
-
-
-def read_json(path: Path, what: str):
-    """The JSON value in ``path``; ValueError naming the file when it is unreadable or not JSON."""
-    try:
-        return json.loads(path.read_bytes())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{str(path)!r} is not a readable {what} (JSON): {error}") from None
 
 
 @contextmanager
@@ -51,7 +36,7 @@ def reading_safetensors(path: Path):
         raise ValueError(f"{str(path)!r} is not a readable safetensors file: {error}") from None
 
 
-def read_weights(path: Path) -> dict[str, torch.Tensor]:
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file; ValueError naming the file when it is missing or damaged."""
     with reading_safetensors(path):
         return load_file(str(path))
@@ -107,7 +92,7 @@ def check_sizes(data, weights: dict[str, torch.Tensor], source: str) -> None:
     huge depth takes long) asks for a larger vocabulary or width than the weights' embedding has, or more
     blocks than they hold: a bound at no cost before anything is built."""
     if not isinstance(data, dict):
-        return  # ``ModelConfig.from_dict`` says what is wrong
+        return  # ``read_model_config`` says what is wrong
     blocks = len({name.split(".")[1] for name in weights if name.startswith("blocks.")})
     bounds = {"depth": (blocks, f"the blocks of depth {blocks}")}
     embedding = weights.get(EMBEDDING)
@@ -153,47 +138,3 @@ def check_fits(config: ModelConfig, weights: dict[str, torch.Tensor], source: st
         reason = str(error).partition("\n")[0]  # torch's own errors go on with its C++ stack
         raise ValueError(f"{source}: the model its config describes cannot be built from its weights: {reason}") from None
     check_weights(model, weights, source)
-
-
-def weights_source(directory: Path) -> str:
-    """How errors name a model directory's weights and the config beside them."""
-    return f"{str(directory / WEIGHTS_FILE)!r} (with {CONFIG_FILE} beside it)"
-
-
-def read_saved(directory) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """(config, weights) of a ``save_pretrained`` or transformers-export directory; ValueError naming
-    the file that is missing, damaged or inconsistent. The config is checked against the weights'
-    header (``check_sizes``, ``check_fits``) before the weights are read."""
-    directory = Path(directory)
-    for name in (CONFIG_FILE, WEIGHTS_FILE):
-        if not (directory / name).is_file():
-            raise ValueError(f"directory {str(directory)!r} has no {name}: not a save_pretrained directory")
-    data = read_json(directory / CONFIG_FILE, "model config")
-    transformers_layout = isinstance(data, dict) and data.get("model_type") == HF_MODEL_TYPE
-    saved = data.get(HF_MODEL_TYPE) if transformers_layout else data
-
-    def unprefixed(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {key.removeprefix(HF_MODEL_TYPE + "."): value for key, value in tensors.items()} if transformers_layout else tensors
-
-    header = unprefixed(read_header(directory / WEIGHTS_FILE))
-    check_sizes(saved, header, weights_source(directory))
-    try:
-        config = ModelConfig.from_dict(saved)
-    except ValueError as error:
-        raise ValueError(f"{str(directory / CONFIG_FILE)!r}: not a valid tokenmix model config: {error}") from None
-    if transformers_layout:  # an export from before XL models recorded their segment kept it beside their config
-        config = with_segment_length(config, saved, data.get("segment_length"))
-    check_fits(config, header, weights_source(directory))
-    return config, unprefixed(read_weights(directory / WEIGHTS_FILE))
-
-
-def from_pretrained(directory, device=None, dtype: torch.dtype | None = None) -> SequenceModel:
-    """Rebuild a model saved by ``save_pretrained``, on ``device`` (default CPU) in ``dtype`` (default as saved)."""
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise ValueError(f"dtype must be a floating point torch.dtype (torch.float32, torch.bfloat16, ...), got {dtype!r}")
-    config, weights = read_saved(directory)
-    model = SequenceModel(config)
-    saved = next((tensor.dtype for tensor in weights.values() if tensor.is_floating_point()), None)
-    model.to(dtype=saved)  # the saved precision unless ``dtype`` says otherwise
-    load_weights(model, weights, weights_source(Path(directory)))
-    return model.to(device=resolve_device(device or "cpu"), dtype=dtype)

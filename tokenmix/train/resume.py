@@ -1,126 +1,26 @@
-"""Training checkpoints: one file of tensors and plain containers, written atomically, read without running code.
-
-A checkpoint is a dict that ``torch.load(..., weights_only=True)`` reads: tensors, numbers,
-strings, lists and dicts. Unpickling a Python object can call any function the file names, so a
-checkpoint holds none: RNG states are stored as tensors and numbers, streaming states as plain
-dicts (``StreamState.to_plain``), configs as dicts, the tokenizer as its JSON. PyTorch itself has
-loaded with ``weights_only=True`` by default since 2.6 for this reason.
-
-Checkpoints of tokenmix 0.2 and earlier (format 1, no ``checkpoint_format`` key) pickled numpy's
-RNG state and the XL memories as objects. They are refused with the one command that converts
-them, ``tokenmix convert-checkpoint PATH --trust`` (``legacy_checkpoint.py``), which unpickles the
-file once, after its user says they trust where it came from.
-"""
+"""What only a resume reads of a checkpoint (``runs/checkpoint.py`` holds the format): the RNG states, the
+optimizer and schedule, the XL streams, and the run's settings as a TrainConfig, each checked before it is set."""
 
 from __future__ import annotations
 
 import dataclasses
-import pickle
 import random
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..files import atomic_write
-from ..models.saving import tensor_bytes
-from .sharded_checkpoint import read_weights, shards_of
+from ..models.model import ModelState
+from ..runs.checkpoint import check_keys, first_line
+from ..runs.migrations import signature_with_segment_length
+from ..state import StreamState
+from .config import TrainConfig
 
-CHECKPOINT_FILE = "checkpoint.pt"
-FORMAT_KEY = "checkpoint_format"
-CHECKPOINT_FORMAT = 2
-# The keys every checkpoint has, with their types (others, such as the optimizer's, are checked where they are read).
-REQUIRED_KEYS = {"model_config": dict, "train_config": dict, "model": dict, "step": int}
-RESUME_KEYS = {"optimizer": dict, "scheduler": dict, "rng": dict}  # and what a resume reads besides
-TRAIN_CONFIG_KEYS = {"data": str, "seq_len": int, "seed": int}  # what eval, generate and export-hf read of the train config
-
-
-def save_checkpoint(path, state: dict) -> None:
-    """Write atomically: a kill during the save leaves the previous checkpoint (and a stale .tmp), failing
-    storage a MachineFault naming the file (and the previous checkpoint)."""
-    atomic_write(path, lambda temporary: _save(temporary, {**state, FORMAT_KEY: CHECKPOINT_FORMAT}), size=tensor_bytes(state))
-
-
-def _save(path: Path, state: dict) -> None:
-    with open(path, "wb") as file:  # through Python's file: a failed write's OSError reaches the caller (a path would hide it)
-        torch.save(state, file)
-
-
-def resolve_checkpoint(path) -> Path:
-    """A checkpoint file, or a run directory holding ``checkpoint.pt``."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / CHECKPOINT_FILE
-    if not path.is_file():
-        raise ValueError(f"checkpoint {str(path)!r} does not exist (give a checkpoint file or a run directory)")
-    return path
-
-
-def untrusted_pickle_message(path: Path) -> str:
-    return (
-        f"checkpoint {str(path)!r} holds pickled Python objects, which loading would run as code (a checkpoint of tokenmix 0.2 "
-        "or earlier, or a file made to run code): it is not loaded. If you trust where it came from, convert it once with: "
-        f"tokenmix convert-checkpoint {path} --trust"
-    )
-
-
-def load_checkpoint(path) -> dict:
-    """The checkpoint at ``path`` (a file or run directory), read with ``weights_only=True``.
-
-    ValueError naming the file: unreadable, not a tokenmix checkpoint, written by a newer
-    tokenmix, or holding pickled objects (an older checkpoint, refused with the command that
-    converts it).
-    """
-    path = resolve_checkpoint(path)
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
-        if "Weights only load failed" in str(error):
-            raise ValueError(untrusted_pickle_message(path)) from None
-        raise ValueError(f"checkpoint {str(path)!r} is unreadable: {_first_line(error)}") from None
-    except Exception as error:  # truncated, empty or foreign files: torch raises RuntimeError, EOFError, ...
-        raise ValueError(f"checkpoint {str(path)!r} is unreadable: {_first_line(error)}") from None
-    check_checkpoint(state, path)
-    return state
-
-
-def check_checkpoint(state, path) -> None:
-    """ValueError naming ``path`` unless ``state`` has the format and the keys of a tokenmix checkpoint."""
-    if not isinstance(state, dict):
-        raise ValueError(f"checkpoint {str(path)!r} holds a {type(state).__name__}, not a tokenmix training checkpoint")
-    written = state.get(FORMAT_KEY)
-    if written is None:
-        raise ValueError(f"checkpoint {str(path)!r} has no {FORMAT_KEY!r}: not a tokenmix training checkpoint")
-    if not isinstance(written, int) or isinstance(written, bool) or written > CHECKPOINT_FORMAT:
-        raise ValueError(
-            f"checkpoint {str(path)!r} is of format {written!r}, newer than this tokenmix reads ({CHECKPOINT_FORMAT}): upgrade tokenmix"
-        )
-    _check_keys(state, REQUIRED_KEYS, path)
-    if state["step"] < 0:
-        raise ValueError(f"checkpoint {str(path)!r}: 'step' must be >= 0, got {state['step']}")
-    bad = [repr(key) for key, value in state["model"].items() if not (isinstance(key, str) and isinstance(value, torch.Tensor))]
-    if bad:
-        raise ValueError(f"checkpoint {str(path)!r}: the model's weights must be tensors named by strings; {bad[:3]} are not")
-    _check_keys(state["train_config"], TRAIN_CONFIG_KEYS, path, "its train config")
-    if state.get("tokenizer") is not None and not isinstance(state["tokenizer"], str):
-        kind = type(state["tokenizer"]).__name__
-        raise ValueError(f"checkpoint {str(path)!r}: 'tokenizer' must be the tokenizer's JSON text, got {kind}")
-    model_config_of(state, path)
-
-
-def _check_keys(state: dict, kinds: dict, path, where: str = "") -> None:
-    for key, kind in kinds.items():
-        if key not in state:
-            raise ValueError(f"checkpoint {str(path)!r}{where and ': ' + where} lacks {key!r}: not a tokenmix training checkpoint")
-        if not isinstance(state[key], kind) or isinstance(state[key], bool):
-            raise ValueError(
-                f"checkpoint {str(path)!r}{where and ': ' + where}: {key!r} must be a {kind.__name__}, got {type(state[key]).__name__}"
-            )
+RESUME_KEYS = {"optimizer": dict, "scheduler": dict, "rng": dict}  # what a resume reads besides the model
 
 
 def check_resumable(state: dict, path) -> None:
     """ValueError naming ``path`` unless the checkpoint holds what a resume reads besides the model."""
-    _check_keys(state, RESUME_KEYS, path)
+    check_keys(state, RESUME_KEYS, path)
     total = state.get("total_steps")
     if total is not None and (isinstance(total, bool) or not isinstance(total, int) or total < 1):
         raise ValueError(f"checkpoint {str(path)!r}: 'total_steps' must be an int >= 1 or None, got {total!r}")
@@ -136,10 +36,6 @@ def check_resumable(state: dict, path) -> None:
     if segments is not None and not (isinstance(segments, list) and all(entry is None or isinstance(entry, dict) for entry in segments)):
         raise ValueError(f"checkpoint {str(path)!r}: 'segment_states' must be a list of saved streaming states (dicts) or None")
     check_rng_state(state["rng"], path)
-
-
-def _first_line(error: Exception) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def rng_state() -> dict:
@@ -201,7 +97,7 @@ def restore_rng_state(state: dict, path) -> None:
         np.random.set_state(numpy_tuple)
         random.setstate(python_tuple)
     except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as error:
-        raise ValueError(f"checkpoint {str(path)!r}: its RNG state is malformed ({_first_line(error)})") from None
+        raise ValueError(f"checkpoint {str(path)!r}: its RNG state is malformed ({first_line(error)})") from None
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, scheduler, state: dict, path) -> None:
@@ -221,7 +117,7 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, scheduler, state: dic
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError) as error:
-        raise ValueError(f"{where}: its optimizer or schedule state does not fit this run: {_first_line(error)}") from None
+        raise ValueError(f"{where}: its optimizer or schedule state does not fit this run: {first_line(error)}") from None
     for group in optimizer.param_groups:
         for parameter in group["params"]:
             for key, value in optimizer.state.get(parameter, {}).items():
@@ -263,10 +159,6 @@ def segment_state_of(plain: dict | None, model, batch_size: int, path, rank: int
     changes); ValueError naming ``path`` unless the model takes it for a batch of ``batch_size``."""
     if plain is None:
         return None
-    from ..models.config import signature_with_segment_length
-    from ..models.model import ModelState
-    from ..state import StreamState
-
     where = f"checkpoint {str(path)!r}: segment_states[{rank}]"
     state = StreamState.from_plain(plain, where)
     if isinstance(state, ModelState):  # perhaps from before XL models recorded their segment_length
@@ -280,7 +172,7 @@ def segment_state_of(plain: dict | None, model, batch_size: int, path, rank: int
         with torch.no_grad():
             model(torch.zeros(batch_size, 1, dtype=torch.long, device=device), state=state.to(device), return_state=True)
     except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as error:
-        raise ValueError(f"{where} does not fit the model: {_first_line(error)}") from None
+        raise ValueError(f"{where} does not fit the model: {first_line(error)}") from None
     finally:
         model.train(training)
     return state
@@ -289,8 +181,6 @@ def segment_state_of(plain: dict | None, model, batch_size: int, path, rank: int
 def _state_difference(state, fresh, where: str) -> str | None:
     """How a streaming state differs in layout from a ``fresh`` one of the model: the same classes and
     list lengths, tensors of the same dtype and rank whose sizes agree but along positions (dimension 1)."""
-    from ..state import StreamState
-
     if isinstance(fresh, torch.Tensor):
         if not isinstance(state, torch.Tensor):
             return f"{where} is a {type(state).__name__}, expected a tensor"
@@ -312,83 +202,9 @@ def _state_difference(state, fresh, where: str) -> str | None:
     return None
 
 
-def checkpoint_tokenizer(state: dict, path="the checkpoint"):
-    """The tokenizer a checkpoint was trained with (its JSON is kept in it); None for data with ids
-    of its own (ListOps, LRA, recall)."""
-    from ..data.tokenizer import Tokenizer
-
-    return None if state.get("tokenizer") is None else Tokenizer.from_json(state["tokenizer"], f"{path} (its tokenizer)")
-
-
-def model_from_checkpoint(path, device="cpu"):
-    """(model, train_config dict, tokenizer or None) from a training checkpoint file or run directory.
-
-    A run directory's ``tokenizer.json`` must be the tokenizer the checkpoint holds: an edited or
-    damaged copy is refused rather than ignored.
-    """
-    from ..devices import resolve_device
-    from ..models.model import SequenceModel
-    from ..models.pretrained import load_weights
-
-    file = resolve_checkpoint(path)
-    state = load_checkpoint(file)
-    config, weights = checked_model_of(state, file)
-    model = SequenceModel(config)
-    load_weights(model, weights, str(file))
-    tokenizer = checkpoint_tokenizer(state, file)
-    check_tokenizer_beside(file, tokenizer)
-    return model.to(resolve_device(device)).eval(), state["train_config"], tokenizer
-
-
-def checked_model_of(state: dict, file: Path):
-    """(ModelConfig, weights) of a checkpoint, the config checked against the weights before any model is
-    built: a config asking for more than they hold (a depth of 10^7, a width of 10^9) is refused at no cost."""
-    from ..models.pretrained import check_fits, check_sizes
-
-    weights, source = checkpoint_weights(state, file), f"checkpoint {str(file)!r}"
-    check_sizes(state["model_config"], weights, source)
-    config = model_config_of(state, file)
-    check_fits(config, weights, source)
-    return config, weights
-
-
-def checkpoint_weights(state: dict, file: Path) -> dict[str, torch.Tensor]:
-    """The model's weights of a checkpoint read from ``file``: kept in it, or read whole from the shard
-    folder it names (a run trained with ``--fsdp``)."""
-    shards = shards_of(state, file)
-    return state["model"] if shards is None else read_weights(shards)
-
-
-def check_tokenizer_beside(file: Path, tokenizer) -> None:
-    """The run's ``tokenizer.json`` beside checkpoint ``file``, if any, must be the one the checkpoint
-    keeps: an edited or damaged copy is refused rather than ignored."""
-    from ..data.tokenizer import TOKENIZER_FILE, Tokenizer
-
-    beside = file.parent / TOKENIZER_FILE
-    if tokenizer is not None and beside.is_file() and Tokenizer.load(beside) != tokenizer:
-        raise ValueError(
-            f"{str(beside)!r} is not the tokenizer {str(file)!r} was trained with (the checkpoint keeps its own copy): "
-            f"restore it from {file.parent / 'model' / TOKENIZER_FILE} or remove it"
-        )
-
-
 def train_config_of(state: dict, path):
     """The checkpoint's TrainConfig; ValueError naming ``path`` for settings this tokenmix refuses."""
-    from .config import TrainConfig
-
     try:
         return TrainConfig.from_dict(state["train_config"])
     except ValueError as error:
         raise ValueError(f"checkpoint {str(path)!r}: its train config is invalid: {error}") from None
-
-
-def model_config_of(state: dict, path):
-    """The checkpoint's ModelConfig (an XL model's segment its run's ``seq_len`` where the config
-    predates ``segment_length``); ValueError naming ``path`` for a config this tokenmix cannot build."""
-    from ..models.config import ModelConfig, with_segment_length
-
-    try:
-        config = ModelConfig.from_dict(state["model_config"])
-    except ValueError as error:
-        raise ValueError(f"checkpoint {str(path)!r}: its model config is invalid: {error}") from None
-    return with_segment_length(config, state["model_config"], state["train_config"]["seq_len"])

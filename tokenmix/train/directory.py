@@ -1,6 +1,7 @@
-"""Run directories: one run per directory, resumed truthfully, never silently replaced.
+"""Writing run directories: one run per directory, resumed truthfully, never silently replaced.
 
-A run directory holds ``checkpoint.pt``, ``metrics.jsonl``, ``model/`` and, for text, ``tokenizer.json``. Starting a run where
+A run directory holds ``checkpoint.pt``, ``metrics.jsonl``, ``model/`` and, for text, ``tokenizer.json``
+(``runs/layout.py``; ``tokenmix.runs`` reads them). Starting a run where
 one exists is refused unless asked to ``overwrite`` it (which removes those files first) or to
 resume it. A resume keeps every setting of the run except the ones that only say how long to
 train or how to watch it (``RESUMABLE``); changing any other is refused with both values named.
@@ -15,11 +16,10 @@ from pathlib import Path
 from ..data.tokenizer import TOKENIZER_FILE
 from ..fields import check_writable
 from ..files import append_line, remove_stale_temporaries, write_text_atomic
-from .checkpoint import CHECKPOINT_FILE
-from .sharded_checkpoint import SHARDS_DIRECTORY, remove_unused_shards
+from ..runs.layout import CHECKPOINT_FILE, METRICS_FILE, MODEL_DIRECTORY
+from ..runs.metrics import read_metrics
+from ..runs.sharded import SHARDS_DIRECTORY, remove_unused_shards
 
-METRICS_FILE = "metrics.jsonl"
-MODEL_DIRECTORY = "model"
 RUN_FILES = (CHECKPOINT_FILE, SHARDS_DIRECTORY, METRICS_FILE, MODEL_DIRECTORY, TOKENIZER_FILE)
 # Settings a resume may change: how long to train, how to watch and save the run, where it lives and
 # how its work is spread over processes or compiled. The precision is kept: a run resumed in another would not continue it exactly.
@@ -85,43 +85,6 @@ def resume_changes(saved: dict, requested: dict, step: int) -> dict[str, list]:
         if requested["minutes"] < saved["minutes"]:
             raise ValueError(f"--minutes {requested['minutes']} is shorter than the run's {saved['minutes']}: a resume may only extend it")
     return changes
-
-
-def read_metrics(path: Path) -> list[dict]:
-    """The records (JSON objects, one per line) of a ``metrics.jsonl``.
-
-    A last line cut short by a kill (the start of a record) is dropped; any other line that is not
-    a JSON object is a ValueError naming the file and the line.
-    """
-    if not path.is_file():
-        return []
-    try:
-        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except (OSError, UnicodeDecodeError) as error:
-        raise ValueError(f"{str(path)!r} is not a readable metrics log (JSON lines): {error}") from None
-    records = []
-    for number, line in enumerate(lines, 1):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            if number == len(lines) and line.startswith("{"):
-                continue  # torn by a kill during the write
-            raise ValueError(f"{str(path)!r} line {number} is not a JSON record: {line[:80]!r}") from None
-        if not isinstance(record, dict) or not isinstance(record.get("step", 0), int) or isinstance(record.get("step"), bool):
-            raise ValueError(f"{str(path)!r} line {number} is not a metrics record (a JSON object with an integer step): {line[:80]!r}")
-        records.append(record)
-    return records
-
-
-TRAINING_COST = ("session_minutes", "peak_memory_gb", "estimated_peak_gb")
-
-
-def training_cost(run: Path) -> dict:
-    """``session_minutes``, ``peak_memory_gb`` and ``estimated_peak_gb`` of the last training session of ``run``
-    (its final record), or {} when it has none (a run still training, or trained before they were recorded)."""
-    finals = [record for record in read_metrics(run / METRICS_FILE) if record.get("final")]
-    cost = {key: finals[-1][key] for key in TRAINING_COST if finals and key in finals[-1]}
-    return {key: value for key, value in cost.items() if isinstance(value, (int, float)) and not isinstance(value, bool)}
 
 
 def append_metrics(out: Path, record: dict) -> None:
