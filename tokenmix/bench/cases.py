@@ -15,7 +15,7 @@ import torch
 from ..compilation import compile_blocks, compile_forward
 from ..mixers.registry import build_mixer, list_mixers, mixer_class
 from ..models.model import build_model
-from ..models.registry import list_models, model_spec, resolve_model_options
+from ..models.registry import list_models, model_spec, resolve_model, resolve_model_options
 from ..precision import check_precision, compute_dtype
 
 TRAINING_KINDS = ("mixer", "layer", "model")
@@ -93,7 +93,7 @@ class Case:
                 module = build_mixer(self.name, self.dim, self.causal, **self.options)
             else:
                 spec = model_spec(self.name)  # the top layer of a two-layer stack (fnet_ar_xl: its FNetAR layer)
-                module = spec.layers(self.dim, self.causal, 2, **{**spec.defaults, **self.options})[-1]
+                module = spec.layers(self.dim, self.causal, 2, resolve_model(self.name, self.options, self.dim, 2))[-1]
             inputs = torch.randn(self.batch, self.length, self.dim, device=device, dtype=dtype)
             if self.kind in ("mixer", "precision") and self.precision != "fp32":
                 inputs = inputs.to(compute_dtype(self.precision))

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import torch
 
+from ..cli.arguments import Cpus, KeyValue, Lengths, Names, check_output_path
 from ..compilation import COMPILE_MODES
 from ..devices import resolve_device
 from ..errors import user_input
-from ..fields import Choice, Cpus, Existing, Integer, KeyValue, Lengths, Names, Number, Output, check_output_path
+from ..fields import Choice, Existing, Integer, Number, Output
 from ..files import write_json_atomic, write_text_atomic
 from ..mixers.registry import list_mixers
 from ..models.distil import distilled_options

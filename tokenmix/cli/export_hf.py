@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from ..errors import user_input
-from ..fields import Output, check_output_path
+from ..fields import Output
 from ..train.checkpoint import model_from_checkpoint
+from .arguments import check_output_path
 from .common import RUN
 
 

@@ -10,9 +10,10 @@ import time
 import torch
 
 from ..errors import user_input
-from ..fields import ByteSize, Existing, Integer, Number, Text
+from ..fields import Existing, Integer, Number, Text
 from ..runtime import available_cpus, release_freed_memory, set_threads
 from ..serve.loading import load_served
+from .arguments import ByteSize
 from .common import add_precision, add_threads_and_device
 
 API_KEY_VARIABLE = "TOKENMIX_API_KEY"

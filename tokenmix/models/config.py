@@ -1,8 +1,10 @@
 """Model configuration: every resolved option, a format version, a JSON round trip.
 
 A config names the model, its task and sizes, and *every* constructor option of its blocks and
-mixers with defaults filled in (``resolve_model_options``), so a saved model reloads as the same
-model after a default changes. Configs of format 2 and later are read strictly: an unknown or
+mixers with defaults filled in, so a saved model reloads as the same model after a default changes.
+The options are resolved once, on construction, into the typed tree the blocks are built from
+(``resolve_model``: the blocks' options dataclass, each mixer's in its ``parts``); ``to_dict`` holds
+them nested as the saved JSON does. Configs of format 2 and later are read strictly: an unknown or
 missing key, or a newer format, is a ValueError. Format 3 added the classification head's ``pool``
 and ``documents`` (format 2 configs read as "mean" and 1, the only head they had); format 4 made
 Transformer-XL's attention a registered mixer (``renamed_xl_mixer`` reads older configs). Format 1
@@ -12,13 +14,15 @@ warning that today's defaults fill the rest.
 
 from __future__ import annotations
 
+import copy
 import json
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
+from ..options import Options
 from ..validation import check_int
 from ..version import __version__
-from .registry import TASKS, resolve_model_options
+from .registry import TASKS, model_spec, resolve_model
 
 FORMAT_VERSION = 5
 POOLS = ("mean", "first", "last")
@@ -33,7 +37,9 @@ FORMAT_KEYS[5] = FORMAT_KEYS[4]
 
 @dataclass
 class ModelConfig:
-    """Everything needed to rebuild a model. ``options`` are resolved on construction.
+    """Everything needed to rebuild a model. ``options`` are resolved on construction: given as a dict
+    (flat, dotted or nested names, ``resolve_model``) or as the resolved tree itself, they are held as the
+    tree (an ``Options`` of the model's blocks).
 
     Classification heads: ``pool`` reduces the final hidden states over real tokens ("mean", or
     the first or last real token's); ``documents=2`` is the Long Range Arena dual encoder (two
@@ -46,7 +52,7 @@ class ModelConfig:
     dim: int = 256
     depth: int = 4
     num_classes: int | None = None
-    options: dict = field(default_factory=dict)
+    options: Options | dict = field(default_factory=dict)
     pool: str = "mean"
     documents: int = 1
     format_version: int = field(default=FORMAT_VERSION, compare=False)
@@ -68,17 +74,24 @@ class ModelConfig:
         check_int(self.documents, "documents", maximum=2)
         if self.task != "classify" and (self.pool, self.documents) != ("mean", 1):
             raise ValueError(f"pool and documents shape a classification head; task={self.task!r} has none")
-        if not isinstance(self.options, dict):
-            raise ValueError(f"options must be a dict of option names to values, got {type(self.options).__name__}")
-        self.options = resolve_model_options(self.name, self.options, self.dim, self.depth)
+        self.options = self._resolved_options()
         self.format_version, self.tokenmix_version = FORMAT_VERSION, __version__
 
     @property
     def causal(self) -> bool:
         return self.task == "lm"
 
+    def _resolved_options(self) -> Options:
+        """The options as the model's tree: resolved from a dict, or a copy of the tree given."""
+        if isinstance(self.options, dict):
+            return resolve_model(self.name, self.options, self.dim, self.depth)
+        if type(self.options) is not model_spec(self.name).layers.options_type:
+            raise ValueError(f"options must be a dict of option names to values, got {type(self.options).__name__}")
+        return copy.deepcopy(self.options)
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The saved form, the options nested as ``Options.as_dict`` writes them (the other fields are plain values)."""
+        return {spec.name: getattr(self, spec.name) for spec in fields(self)} | {"options": self.options.as_dict()}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
