@@ -127,7 +127,8 @@ def test_auto_path_follows_the_measured_thresholds():
             assert not mixer.uses_sparse_path(10**6)
         else:
             assert mixer.uses_sparse_path(threshold) and (threshold == 1 or not mixer.uses_sparse_path(threshold - 1))
-    assert SkiTno(2, options=SkiTnoOptions(path="sparse")).uses_sparse_path(8) and not SkiTno(2, options=SkiTnoOptions(path="dense")).uses_sparse_path(10**6)
+    assert SkiTno(2, options=SkiTnoOptions(path="sparse")).uses_sparse_path(8)
+    assert not SkiTno(2, options=SkiTnoOptions(path="dense")).uses_sparse_path(10**6)
 
 
 @pytest.mark.parametrize(

@@ -49,16 +49,6 @@ def leaf_names(tree: dict) -> list[str]:
     return names
 
 
-def find_option(tree: dict, name: str) -> list:
-    """The values of every option called ``name`` in ``tree``, at any depth (the owner's first); a part's
-    value is its mixer's name."""
-    found = [tree[name]["name"] if isinstance(tree[name], dict) else tree[name]] if name in tree else []
-    for value in tree.values():
-        if isinstance(value, dict):
-            found += find_option(value, name)
-    return found
-
-
 class Configurable:
     """Mixin of mixers and blocks: options from ``options_type``, nested ``parts()``, resolved once into an
     ``Options`` tree that the constructor takes (``take_options``)."""
