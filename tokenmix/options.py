@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from .fields import Number, check_settings, setting, setting_fields
 
@@ -93,12 +93,11 @@ class Options:
         return self.parts[name] if name in self.parts else getattr(self, name)
 
     def __setitem__(self, name: str, value) -> None:
-        """Set the setting ``name`` (checked by its kind; a part is replaced by resolving options anew)."""
-        spec = next((spec for spec in fields(self) if spec.name == name and "kind" in spec.metadata), None)
+        """Set the setting ``name``, checked by its kind (a part is chosen by resolving options anew)."""
+        spec = next((spec for spec in setting_fields(self) if spec.name == name), None)
         if spec is None:
             raise KeyError(name)
-        kind = spec.metadata["kind"]
-        setattr(self, name, value if kind is None else kind.check(value, name))
+        setattr(self, name, spec.metadata["kind"].check(value, name))
 
     def get(self, name: str, default=None):
         return self[name] if name in self else default
