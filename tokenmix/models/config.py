@@ -1,10 +1,8 @@
 """Model configuration: every resolved option, a format version, a JSON round trip.
 
 A config names the model, its task and sizes, and *every* constructor option of its blocks and
-mixers with defaults filled in, so a saved model reloads as the same model after a default changes.
-The options are resolved once, on construction, into the typed tree the blocks are built from
-(``resolve_model``: the blocks' options dataclass, each mixer's in its ``parts``); ``to_dict`` holds
-them nested as the saved JSON does. Configs of format 2 and later are read strictly: an unknown or
+mixers with defaults filled in (``resolve_model_options``), so a saved model reloads as the same
+model after a default changes. Configs of format 2 and later are read strictly: an unknown or
 missing key, or a newer format, is a ValueError. Format 3 added the classification head's ``pool``
 and ``documents`` (format 2 configs read as "mean" and 1, the only head they had); format 4 made
 Transformer-XL's attention a registered mixer (``renamed_xl_mixer`` reads older configs). Format 1
