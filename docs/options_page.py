@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import MISSING, fields
+from dataclasses import MISSING
 from pathlib import Path
 
+from tokenmix.fields import setting_fields
 from tokenmix.mixers.registry import list_mixers, mixer_class
 from tokenmix.models.registry import list_models, model_spec
 
@@ -23,7 +24,7 @@ END = "<!-- end of the printed option tables -->"
 def option_rows(owner, part_defaults: dict) -> list[str]:
     """A table of ``owner``'s own options (its ``options_type``) and its parts (the mixers it builds)."""
     rows = ["| option | values | default | meaning |", "| --- | --- | --- | --- |"]
-    for spec in fields(owner.options_type):
+    for spec in setting_fields(owner.options_type):
         kind = spec.metadata["kind"]
         values = kind.describe() + (" or null" if kind.optional else "")
         default = spec.default_factory() if spec.default is MISSING else spec.default

@@ -1191,7 +1191,8 @@ def test_model_config_with_any_options_is_refused_or_builds_a_model(changes):
     config = _refused_or(data, ModelConfig.from_dict)
     if config is not None:  # accepted: it reads back as itself and builds a model that runs
         assert ModelConfig.from_dict(json.loads(config.to_json())) == config
-        model = tokenmix.build_model(config.name, vocab_size=config.vocab_size, dim=config.dim, depth=config.depth, **config.options)
+        options = config.options.as_dict()
+        model = tokenmix.build_model(config.name, vocab_size=config.vocab_size, dim=config.dim, depth=config.depth, **options)
         model.eval()(torch.zeros(1, 5, dtype=torch.long))
 
 

@@ -9,9 +9,12 @@ import pytest
 import torch
 
 import tokenmix
+from tokenmix.blocks.mega import MegaOptions
 from tokenmix.fields import Number, setting
+from tokenmix.mixers.parts import Configurable
 from tokenmix.mixers.ski_tno import SkiTno, SkiTnoOptions
-from tokenmix.models import FORMAT_VERSION, ModelConfig
+from tokenmix.mixers.tcn import TcnOptions
+from tokenmix.models import FORMAT_VERSION, ModelConfig, SequenceModel
 from tokenmix.runs.migrations import read_model_config
 
 
@@ -121,6 +124,24 @@ def test_options_given_flat_by_path_or_nested_resolve_alike():
         ModelConfig("transformer_xl", options={"mixer.window": 8})
     with pytest.raises(ValueError, match="sequence_mixer must be one of"):
         ModelConfig("mega", options={"sequence_mixer": "tno2d"})
+
+
+def test_a_config_holds_its_options_as_one_typed_tree_resolved_once(monkeypatch):
+    """Resolved on construction (from flat, dotted or nested names) into the blocks' options dataclass, each
+    mixer's in its ``parts``; building the model resolves nothing again, and the saved form is the nested dict."""
+    config = ModelConfig("tcnca", vocab_size=10, dim=8, depth=2, options={"sequence_mixer.depth": 2, "dropout": 0.1})
+    assert isinstance(config.options, MegaOptions) and config.options.dropout == 0.1
+    tcn = config.options.parts["sequence_mixer"]
+    assert tcn.name == "tcn" and isinstance(tcn.options, TcnOptions) and tcn.options.depth == 2
+    assert ModelConfig("tcnca", vocab_size=10, dim=8, depth=2, options=config.to_dict()["options"]) == config
+    assert config.to_dict()["options"]["sequence_mixer"] == {"name": "tcn", **tcn.options.as_dict()}
+    resolved = []
+    original = Configurable.resolve_options.__func__
+    monkeypatch.setattr(Configurable, "resolve_options", classmethod(lambda cls, *args: resolved.append(cls) or original(cls, *args)))
+    model = SequenceModel(config)
+    assert resolved == [] and model.blocks[1].sequence.options is tcn.options
+    with pytest.raises(ValueError, match="segment_length must be an integer >= 1"):
+        ModelConfig("transformer_xl").options["segment_length"] = 0
 
 
 def test_derived_defaults_are_recorded_as_numbers(tmp_path, monkeypatch):

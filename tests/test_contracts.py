@@ -246,7 +246,7 @@ def test_unknown_model_option_names_every_accepted_one(name):
     net = model(name, model_spec(name).tasks[0])
     with pytest.raises(ValueError, match="unknown option 'no_such_option'") as raised:
         model(name, model_spec(name).tasks[0], no_such_option=1)
-    assert all(option in str(raised.value) for option in net.config.options)
+    assert all(option in str(raised.value) for option in net.config.options.as_dict())
 
 
 @pytest.mark.parametrize("name", tokenmix.list_models())

@@ -58,8 +58,8 @@ class CumulativeMean(Mixer):
     bounded_state = True
     state_type = RunningMean
 
-    def __init__(self, dim: int, causal: bool = False, **options):
-        super().__init__(dim, causal, **options)
+    def __init__(self, dim: int, causal: bool = False, options: CumulativeMeanOptions | None = None):
+        super().__init__(dim, causal, options)  # self.options: these options, or the defaults when None
         self.scale = nn.Parameter(torch.full((dim,), self.options.initial_scale))
 
     def mix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -107,6 +107,17 @@ def test_cumulative_mean_matches_its_python_loop(causal, registered):
     x = torch.randn(2, 9, 3, dtype=torch.float64)
     expected = torch.stack([x[:, : t + 1].mean(1) if causal else x.mean(1) for t in range(9)], dim=1) * 0.5
     torch.testing.assert_close(layer(x), expected)
+
+
+def test_the_mixer_is_built_from_its_options_dataclass_too():
+    """Its constructor takes the typed options (``build_mixer`` resolves flat keywords into them), or none for the defaults."""
+    built = CumulativeMean(3, True, CumulativeMeanOptions(initial_scale=0.5))
+    assert built.options == CumulativeMeanOptions(initial_scale=0.5) and torch.equal(built.scale, torch.full((3,), 0.5))
+    assert CumulativeMean(3).options == CumulativeMeanOptions()
+    with pytest.raises(ValueError, match="initial_scale must be a finite number"):
+        CumulativeMeanOptions(initial_scale=float("nan"))
+    with pytest.raises(ValueError, match="options of CumulativeMean must be a CumulativeMeanOptions"):
+        CumulativeMean(3, True, Options())
 
 
 def test_a_language_model_with_a_cumulative_mean_saves_loads_and_generates(tmp_path, registered):

@@ -3,7 +3,7 @@ import torch
 from conftest import LENGTHS, relative_error
 
 import tokenmix
-from tokenmix.mixers.tno import Tno
+from tokenmix.mixers.tno import Tno, TnoOptions
 from tokenmix.ops import naive_toeplitz_matvec
 
 
@@ -39,8 +39,8 @@ def test_unfactored_spectrum_is_the_same_operator(causal):
 
 
 def test_kernel_is_decayed_rpe_and_decay_one_turns_it_off():
-    mixer = Tno(3, causal=False, decay=0.9)
-    plain = Tno(3, causal=False, decay=1.0)
+    mixer = Tno(3, False, TnoOptions(decay=0.9))
+    plain = Tno(3, False, TnoOptions(decay=1.0))
     plain.load_state_dict(mixer.state_dict())
     n = 6
     lags = torch.arange(-(n - 1), n).float()
@@ -49,7 +49,7 @@ def test_kernel_is_decayed_rpe_and_decay_one_turns_it_off():
 
 
 def test_learnable_decay_gets_gradient_and_stays_in_range():
-    mixer = Tno(3, causal=True, decay=0.9, learnable_decay=True)
+    mixer = Tno(3, True, TnoOptions(decay=0.9, learnable_decay=True))
     assert 0.9 < float(mixer.decay.rate().detach()) < 1.0
     mixer(torch.randn(1, 20, 3)).sum().backward()
     assert mixer.decay.logit.grad is not None and mixer.decay.logit.grad != 0

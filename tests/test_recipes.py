@@ -8,7 +8,6 @@ from tokenmix.cli.recipes import recipe_flags
 from tokenmix.cli.train import train_config_from_args
 from tokenmix.data.examples import ClassificationData, Examples
 from tokenmix.data.sources import source_kind
-from tokenmix.mixers.parts import find_option
 from tokenmix.models.model import SequenceModel
 from tokenmix.train.config import TrainConfig
 from tokenmix.train.objectives import objective_for
@@ -39,6 +38,16 @@ def data_fields(source: str, tokenizer: str = "bytes") -> dict:
     return objective_for(data, "classify").model_fields()
 
 
+def find_option(tree: dict, name: str) -> list:
+    """The values of every option called ``name`` in ``tree``, at any depth (the owner's first); a part's
+    value is its mixer's name."""
+    found = [tree[name]["name"] if isinstance(tree[name], dict) else tree[name]] if name in tree else []
+    for value in tree.values():
+        if isinstance(value, dict):
+            found += find_option(value, name)
+    return found
+
+
 @pytest.mark.parametrize("name", list_recipes())
 def test_every_recipe_resolves_to_a_model(name):
     settings = recipe(name).settings
@@ -47,9 +56,9 @@ def test_every_recipe_resolves_to_a_model(name):
     model_config = config.model_config(data_fields(config.data, config.tokenizer))  # every option checked and resolved
     assert config.recipe == name and model_config.name == settings["model"]
     for key, value in settings.get("options", {}).items():
-        found = find_option(model_config.options, key)
+        found = find_option(model_config.options.as_dict(), key)
         assert found and all(setting == value for setting in found), key
-    for grid in find_option(model_config.options, "grid"):
+    for grid in find_option(model_config.options.as_dict(), "grid"):
         assert tuple(grid) == data_fields(config.data)["grid"]
     assert recipe(name).source and recipe(name).description
     with torch.device("meta"):  # the full-size model is built (every constructor's checks run) without memory

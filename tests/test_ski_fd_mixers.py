@@ -7,7 +7,7 @@ from conftest import LENGTHS, assert_causal_gradient, relative_error
 
 import tokenmix
 from tokenmix.mixers.fd_tno import rfft_frequencies
-from tokenmix.mixers.ski_tno import SkiTno
+from tokenmix.mixers.ski_tno import SkiTno, SkiTnoOptions
 from tokenmix.ops import fast_fft_size, naive_toeplitz_matvec
 from tokenmix.ops.ski import inverse_time_warp
 
@@ -41,7 +41,7 @@ def test_ski_low_rank_part_is_w_a_wt_built_from_scratch(max_spacing, count):
     max_spacing = 4 at n = 50 asks for ceil(49 / 4) + 1 = 14 inducing points; 20 leaves the rank's 6.
     """
     n, decay = 50, 0.9
-    mixer = SkiTno(3, rank=6, decay=decay, knots=4, max_spacing=max_spacing).double()
+    mixer = SkiTno(3, options=SkiTnoOptions(rank=6, decay=decay, knots=4, max_spacing=max_spacing)).double()
     spacing = (n - 1) / (count - 1)
     points = torch.arange(count, dtype=torch.float64) * spacing
     lags = points[:, None] - points[None, :]
@@ -58,7 +58,7 @@ def test_ski_low_rank_part_is_w_a_wt_built_from_scratch(max_spacing, count):
 
 @pytest.mark.parametrize("path", ["dense", "sparse"])
 def test_max_spacing_grows_the_grid_on_every_path(path):
-    mixer = SkiTno(4, rank=8, knots=8, path=path, max_spacing=4).double()
+    mixer = SkiTno(4, options=SkiTnoOptions(rank=8, knots=8, path=path, max_spacing=4)).double()
     x = torch.randn(2, 101, 4, dtype=torch.float64, requires_grad=True)
     assert mixer.inducing_count(101) == 26 and mixer.inducing_count(20) == 8
     slow = torch.einsum("dij,bjd->bid", mixer.matrix(101), x)
@@ -67,15 +67,15 @@ def test_max_spacing_grows_the_grid_on_every_path(path):
 
 def test_gain_scales_parameters_not_the_initial_operator():
     torch.manual_seed(0)
-    plain = SkiTno(3, gain=1.0)
+    plain = SkiTno(3, options=SkiTnoOptions(gain=1.0))
     torch.manual_seed(0)
-    scaled = SkiTno(3, gain=8.0)
+    scaled = SkiTno(3, options=SkiTnoOptions(gain=8.0))
     torch.testing.assert_close(plain.matrix(20), scaled.matrix(20))
     assert float(scaled.band.detach().abs().max()) * 8 == pytest.approx(float(scaled.taps.detach().abs().max()))
 
 
 def test_ski_band_is_centred_and_odd():
-    mixer = SkiTno(2, filter_size=32)
+    mixer = SkiTno(2, options=SkiTnoOptions(filter_size=32))
     assert mixer.filter_size == 33 and mixer.min_lag == -16
     band = mixer.sparse_matrix(40)
     assert torch.all(band[:, 20, 4:37] != 0) and torch.all(band[:, 20, :4] == 0) and torch.all(band[:, 20, 37:] == 0)
@@ -122,12 +122,13 @@ def test_auto_path_follows_the_measured_thresholds():
     from tokenmix.mixers.ski_tno import SPARSE_FROM_LENGTH
 
     for interpolation, threshold in SPARSE_FROM_LENGTH.items():
-        mixer = SkiTno(2, interpolation=interpolation)
+        mixer = SkiTno(2, options=SkiTnoOptions(interpolation=interpolation))
         if threshold is None:
             assert not mixer.uses_sparse_path(10**6)
         else:
             assert mixer.uses_sparse_path(threshold) and (threshold == 1 or not mixer.uses_sparse_path(threshold - 1))
-    assert SkiTno(2, path="sparse").uses_sparse_path(8) and not SkiTno(2, path="dense").uses_sparse_path(10**6)
+    assert SkiTno(2, options=SkiTnoOptions(path="sparse")).uses_sparse_path(8)
+    assert not SkiTno(2, options=SkiTnoOptions(path="dense")).uses_sparse_path(10**6)
 
 
 @pytest.mark.parametrize(

@@ -200,7 +200,7 @@ def test_distilled_model_keeps_every_other_weight_and_a_bounded_state():
         model = tokenmix.build_model(name, vocab_size=20, dim=8, depth=2).double().eval()
         distilled, reports = distil(model, 8, window=2, horizon=64)
         assert [report["mixer"] for report in reports] == ["blocks.0.token_mixing.mixer", "blocks.1.token_mixing.mixer"]
-        assert distilled.config.options["mixer"] == {"name": "ssm", "order": 8, "window": 2}
+        assert distilled.config.options["mixer"].as_dict() == {"name": "ssm", "order": 8, "window": 2}
         kept = {key: value for key, value in model.state_dict().items() if ".mixer." not in key}
         assert all(torch.equal(distilled.state_dict()[key], value) for key, value in kept.items())
         tokens = torch.randint(0, 20, (2, 50))

@@ -4,7 +4,7 @@ from conftest import assert_causal_gradient, random_chunks, relative_error
 
 import tokenmix
 from tokenmix.blocks.xl import fourier_layer_indices
-from tokenmix.mixers.relative_attention import RelativeAttention, sinusoid_positions
+from tokenmix.mixers.relative_attention import RelativeAttention, RelativeAttentionOptions, sinusoid_positions
 from tokenmix.ops.attention import naive_relative_attention
 from tokenmix.train import TrainConfig, Trainer
 
@@ -12,7 +12,7 @@ from tokenmix.train import TrainConfig, Trainer
 @pytest.mark.parametrize("memory", [0, 5])
 def test_relative_attention_equals_explicit_masked_attention(memory):
     """The mixer's projections around the op, against the op's loop reference (``ops.attention``)."""
-    attention = RelativeAttention(8, heads=2).double()
+    attention = RelativeAttention(8, options=RelativeAttentionOptions(heads=2)).double()
     torch.nn.init.normal_(attention.content_bias)
     torch.nn.init.normal_(attention.position_bias)
     x = torch.randn(2, 6, 8, dtype=torch.float64)

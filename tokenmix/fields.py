@@ -1,22 +1,21 @@
-"""Kinds of setting values, shared by the Python API and the command line.
+"""Kinds of setting values: what a setting accepts, defined once for Python values and for text.
 
-A ``Kind`` (an integer in a range, a number, one of some names, a file to write, ...) does three
-things with one definition of what it accepts:
+A ``Kind`` (an integer in a range, a number, one of some names, a file to write, ...) says:
 
-- ``check(value, name)`` validates a Python value (a ``TrainConfig`` field), ValueError naming it;
-- called on command-line text (as argparse's ``type``), it parses and checks it, so a bad value is
-  refused while the arguments are read, in one line, before any work starts;
-- ``invalid()`` lists texts it refuses, from which the test suite drives every option of every
-  command with bad input (tests/test_cli_fuzz.py).
+- ``check(value, name)``: a Python value it holds (an option, a ``TrainConfig`` field), else a
+  ValueError naming it;
+- ``parse(text)``: the value of its text form, else a ValueError (the command line reads its flags
+  by it, ``tokenmix.cli.arguments``);
+- ``describe()`` and ``listing()``: what it accepts, for help lines and docs/options.md;
+- ``invalid()``: texts it refuses, from which the test suite drives every option of every command
+  with bad input (tests/test_cli_fuzz.py).
 
-``setting(default, kind, help)`` declares a dataclass field carrying its kind and help line; the
-command line builds its flags from them.
+``setting(default, kind, help)`` declares a dataclass field carrying its kind and help line; option
+dataclasses (``tokenmix.options``) and ``TrainConfig`` are made of them.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import field, fields
@@ -48,15 +47,6 @@ class Kind:
     def listing(self) -> str:
         """What a help line adds to say which values there are ("" when its text says it)."""
         return ""
-
-    def __call__(self, text: str):  # argparse's ``type``
-        try:
-            return self.parse(text)
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-
-    def __repr__(self) -> str:  # argparse names the type in some messages
-        return type(self).__name__.lower()
 
 
 class Integer(Kind):
@@ -202,112 +192,6 @@ class Choice(Kind):
         return f": {', '.join(self.names)}" if self.listed else ""
 
 
-class Names(Choice):
-    """Comma-separated names, each one of ``names``."""
-
-    def describe(self) -> str:
-        return f"comma-separated names among {', '.join(self.names)}"
-
-    def parse(self, text: str) -> list[str]:
-        chosen = [part.strip() for part in text.split(",") if part.strip()]
-        unknown = [name for name in chosen if name not in self.names]
-        if not chosen or unknown:
-            raise ValueError(f"must be {self.describe()}, got {text!r}")
-        return chosen
-
-    def invalid(self) -> list[str]:
-        return ["", ",", "no-such-name", f"{self.names[0]},no-such-name"]
-
-
-class Lengths(Kind):
-    """Comma-separated positive integers, e.g. ``512,1024``."""
-
-    def __init__(self, what: str = "lengths"):
-        self.what = what
-
-    def describe(self) -> str:
-        return "comma-separated positive integers"
-
-    def parse(self, text: str) -> list[int]:
-        try:
-            lengths = [int(part) for part in text.split(",")]
-        except ValueError:
-            raise ValueError(f"{self.what} must be comma-separated integers, got {text!r}") from None
-        if min(lengths) < 1:
-            raise ValueError(f"{self.what} must be positive integers, got {text!r}")
-        return lengths
-
-    def invalid(self) -> list[str]:
-        return ["", "x", "512,,1024", "0", "-4", "8,1.5"]
-
-
-class Cpus(Kind):
-    """CPU numbers this process may run on (its affinity mask, Linux), comma-separated, ranges allowed: ``0,1`` or ``0-3,8``."""
-
-    def describe(self) -> str:
-        return "comma-separated CPU numbers or ranges (0-3,8) among those this process may use"
-
-    def parse(self, text: str) -> list[int]:
-        from .runtime import usable_cpus
-
-        cpus = set()
-        for part in text.split(","):
-            bounds = part.strip().split("-")
-            if len(bounds) > 2 or not all(bound.isdigit() for bound in bounds) or int(bounds[0]) > int(bounds[-1]):
-                raise ValueError(f"must be {self.describe()}, got {text!r}")
-            cpus.update(range(int(bounds[0]), int(bounds[-1]) + 1))
-        usable = usable_cpus()
-        if not cpus <= usable:
-            raise ValueError(f"must be among this process's CPUs {sorted(usable)}, got {text!r}")
-        return sorted(cpus)
-
-    def invalid(self) -> list[str]:
-        return ["", "x", "-1", "1-", "3-1", "0,,1", "1.5", "100000"]
-
-
-class Percent(Number):
-    """A percentage >= 0, the ``%`` optional (``0.5%`` and ``0.5`` alike), held as a fraction (0.005)."""
-
-    def __init__(self):
-        super().__init__(minimum=0)
-
-    def describe(self) -> str:
-        return "a percentage >= 0, e.g. 0.5%"
-
-    def parse(self, text: str) -> float:
-        try:
-            return super().parse(text.removesuffix("%")) / 100
-        except ValueError:
-            raise ValueError(f"must be {self.describe()}, got {text!r}") from None
-
-    def invalid(self) -> list[str]:
-        return [*super().invalid(), "%", "1%%", "-0.5%"]
-
-
-class ByteSize(Kind):
-    """A number of bytes: ``2GB``, ``512MB``, ``1.5GiB``, ``64KiB`` or plain bytes (decimal units are powers
-    of 1000, binary ones of 1024), held as an int >= 1."""
-
-    UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-    def describe(self) -> str:
-        return "a size in bytes, e.g. 2GB, 512MiB or 1000000"
-
-    def parse(self, text: str) -> int:
-        number = text.strip().rstrip("bBiIkKmMgGtT")
-        unit = text.strip()[len(number) :].upper()
-        try:
-            size = int(float(number) * self.UNITS[unit])
-        except (KeyError, ValueError, OverflowError):
-            raise ValueError(f"must be {self.describe()}, got {text!r}") from None
-        if not 1 <= size < 2**63:
-            raise ValueError(f"must be {self.describe()} (at least 1 byte), got {text!r}")
-        return size
-
-    def invalid(self) -> list[str]:
-        return ["", "GB", "2XB", "-1GB", "0", "nan", "1e400GB"]
-
-
 class Text(Kind):
     """Any text but the empty one."""
 
@@ -368,7 +252,7 @@ class Existing(Text):
 
 class Output(Text):
     """A file (``folder=False``) or folder to write; whether it can be written is checked before the
-    work starts (``check_output_path``), as creating it while arguments are read would leave it
+    work starts (``tokenmix.cli.arguments.check_output_path``), as creating it while arguments are read would leave it
     behind when another argument is refused."""
 
     def __init__(self, what: str, folder: bool, optional: bool = False):
@@ -377,38 +261,6 @@ class Output(Text):
 
     def invalid(self) -> list[str]:
         return ["", *(folder if self.folder else f"{folder}/out.json" for folder in UNWRITABLE_FOLDERS)]
-
-
-class KeyValue(Text):
-    """``KEY=VALUE``, the value read as JSON when it parses (numbers, true/false, null, lists), else a string."""
-
-    def parse(self, text: str) -> tuple[str, object]:
-        key, equals, value = text.partition("=")
-        if not equals or not key:
-            raise ValueError(f"must look like KEY=VALUE, got {text!r}")
-        try:
-            return key, json.loads(value)
-        except json.JSONDecodeError:
-            return key, value
-
-    def invalid(self) -> list[str]:
-        return ["", "no-equals-sign", "=1"]
-
-
-def check_output_path(path: str | None, flag: str, directory: bool = False) -> None:
-    """Fail before long work, not after it: the file or folder a result goes to must be writable.
-
-    Nothing is left behind: the folder is probed by creating and removing a temporary folder in its
-    nearest existing ancestor (as root, permission bits say nothing; read-only and virtual file
-    systems still refuse)."""
-    if path is None:
-        return
-    target = Path(path).expanduser()
-    if directory and target.is_file():
-        raise ValueError(f"{flag} {path!r} is a file; give a folder")
-    if not directory and target.is_dir():
-        raise ValueError(f"{flag} {path!r} is a directory; give a file name")
-    check_writable(target if directory else target.parent, f"{flag} {path!r}")
 
 
 def check_writable(folder: Path, what: str) -> None:
@@ -433,9 +285,14 @@ def setting(default, kind: Kind | None, help: str, *, factory: Callable[[], obje
     return field(default_factory=factory, metadata=metadata) if factory else field(default=default, metadata=metadata)
 
 
+def setting_fields(cls_or_instance) -> list:
+    """The fields of a dataclass declared with ``setting`` (an options dataclass's own options)."""
+    return [spec for spec in fields(cls_or_instance) if "kind" in spec.metadata]
+
+
 def check_settings(instance) -> None:
-    """Check every field of a dataclass of ``setting`` fields against its kind (the field's name in messages)."""
-    for spec in fields(instance):
-        kind = spec.metadata.get("kind")
+    """Check every setting of a dataclass against its kind (the field's name in messages)."""
+    for spec in setting_fields(instance):
+        kind = spec.metadata["kind"]
         if kind is not None:
             setattr(instance, spec.name, kind.check(getattr(instance, spec.name), spec.name))

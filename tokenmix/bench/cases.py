@@ -14,8 +14,9 @@ import torch
 
 from ..compilation import compile_blocks, compile_forward
 from ..mixers.registry import build_mixer, list_mixers, mixer_class
-from ..models.model import build_model
-from ..models.registry import list_models, model_spec, resolve_model_options
+from ..models.config import ModelConfig
+from ..models.model import SequenceModel
+from ..models.registry import list_models, model_spec, resolve_model
 from ..precision import check_precision, compute_dtype
 
 TRAINING_KINDS = ("mixer", "layer", "model")
@@ -79,10 +80,9 @@ class Case:
         if self.kind in ("model", "generate"):
             task = "lm" if self.causal else "mlm"
             depth = self.depth or (GENERATE_DEPTH if self.kind == "generate" else MODEL_DEPTH)
-            options = dict(self.options)
-            if self.kind == "generate" and "segment_length" in resolve_model_options(self.name, options, self.dim, depth):
-                options.setdefault("segment_length", GENERATE_SEGMENT)  # recurrent (XL) models decode in segments
-            module = build_model(self.name, task=task, vocab_size=MODEL_VOCAB, dim=self.dim, depth=depth, **options)
+            segments = {"segment_length": GENERATE_SEGMENT} if self.kind == "generate" else {}  # recurrent (XL) models decode in segments
+            options = resolve_model(self.name, self.options, self.dim, depth, fallbacks=segments)
+            module = SequenceModel(ModelConfig(self.name, task, MODEL_VOCAB, self.dim, depth, options=options))
             module.precision = self.precision
             length = self.length + (self.kind == "generate")  # generate: the prompt and the next token
             inputs = torch.randint(0, MODEL_VOCAB, (self.batch, length), device=device)
@@ -93,7 +93,7 @@ class Case:
                 module = build_mixer(self.name, self.dim, self.causal, **self.options)
             else:
                 spec = model_spec(self.name)  # the top layer of a two-layer stack (fnet_ar_xl: its FNetAR layer)
-                module = spec.layers(self.dim, self.causal, 2, **{**spec.defaults, **self.options})[-1]
+                module = spec.layers(self.dim, self.causal, 2, resolve_model(self.name, self.options, self.dim, 2))[-1]
             inputs = torch.randn(self.batch, self.length, self.dim, device=device, dtype=dtype)
             if self.kind in ("mixer", "precision") and self.precision != "fp32":
                 inputs = inputs.to(compute_dtype(self.precision))

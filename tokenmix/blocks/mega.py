@@ -60,9 +60,9 @@ class MegaBlock(StreamingBlock, Configurable, nn.Module):
     def parts(cls) -> list[Part]:
         return [Part("sequence_mixer", "ema", sequence_mixers)]
 
-    def __init__(self, dim: int, causal: bool, **options):
+    def __init__(self, dim: int, causal: bool, options: MegaOptions | None = None):
         super().__init__()
-        self.configure(options, dim)
+        self.take_options(options, dim)
         o = self.options
         if o.position == "rotary" and o.z_dim % 2:
             raise ValueError(f"position='rotary' needs an even z_dim, got {o.z_dim}")

@@ -25,9 +25,9 @@ class PreNormBlock(StreamingBlock, Configurable, nn.Module):
 
     ffn_activation = "gelu"
 
-    def __init__(self, dim: int, causal: bool, **options):
+    def __init__(self, dim: int, causal: bool, options: Options | None = None):
         super().__init__()
-        self.configure(options, dim)
+        self.take_options(options, dim)
         self.mixers = nn.ModuleList(self.build_part(part.key, dim, causal) for part in self.parts())
         self.mixer_norms = nn.ModuleList(nn.LayerNorm(dim) for _ in self.mixers)
         self.ffn_norm = nn.LayerNorm(dim)

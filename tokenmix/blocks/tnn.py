@@ -35,9 +35,9 @@ class TnnBlock(StreamingBlock, Configurable, nn.Module):
     def parts(cls) -> list[Part]:
         return [Part("mixer", "tno", list_mixers, width=lambda own, dim: own.expand * dim)]
 
-    def __init__(self, dim: int, causal: bool, **options):
+    def __init__(self, dim: int, causal: bool, options: TnnOptions | None = None):
         super().__init__()
-        self.configure(options, dim)
+        self.take_options(options, dim)
         o = self.options
         self.token_norm = nn.LayerNorm(dim)
         width = o.expand * dim

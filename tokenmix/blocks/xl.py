@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..fields import Choice, Integer, Number, setting
+from ..fields import Choice, Integer, Number, setting, setting_fields
 from ..mixers.base import check_sequence
 from ..mixers.parts import Configurable, Part
 from ..mixers.registry import list_mixers, mixer_class
@@ -69,17 +69,17 @@ class XlBlock(Configurable, nn.Module):
     def parts(cls) -> list[Part]:
         return [Part("mixer", "relative_attention", context_mixers)]
 
-    def __init__(self, dim: int, causal: bool, **options):
+    def __init__(self, dim: int, causal: bool, options: XlOptions | None = None):
         super().__init__()
         if not causal:
             raise ValueError("Transformer-XL blocks are causal: use them with task='lm'")
-        self.configure(options, dim)
+        self.take_options(options, dim)
         self.segment_length, self.memory_length = self.options.segment_length, self.options.memory_length
         self.mixer_norm = nn.LayerNorm(dim)
         self.mixer = self.build_part("mixer", dim, True)
         reach = self.mixer.reach
         if reach is not None and self.memory_length < reach[0]:
-            name = self.part_options["mixer"]["name"]
+            name = self.options.parts["mixer"].name
             raise ValueError(f"memory_length={self.memory_length} must be >= the {reach[0]} tokens the {name} mixer sees before each one")
         # FNetAR's unnormalized DFT sums (row 0 adds up W inputs) would swamp the pre-norm residual stream.
         self.mixed_norm = nn.LayerNorm(dim) if self.mixer.normalize_output else nn.Identity()
@@ -211,18 +211,19 @@ class FourierXlStack(Configurable):
     def parts(cls) -> list[Part]:
         return [Part("attention", "relative_attention"), Part("fourier", "fnet_ar")]
 
-    def __call__(self, dim: int, causal: bool, depth: int, /, **options) -> list[nn.Module]:
-        tree, _ = self.resolve_layers(options, dim, depth)
-        chosen = fourier_layer_indices(depth, tree.pop("fourier_layers"), tree.pop("fourier_placement"))
-        layers = {key: tree.pop(key) for key in ("attention", "fourier")}
-        return [XlBlock(dim, causal, mixer=layers["fourier" if index in chosen else "attention"], **tree) for index in range(depth)]
+    def __call__(self, dim: int, causal: bool, depth: int, options: FourierXlOptions) -> list[nn.Module]:
+        """``depth`` Transformer-XL layers from the stack's resolved ``options`` (``resolve_layers``)."""
+        chosen = fourier_layer_indices(depth, options.fourier_layers, options.fourier_placement)
+        shared = {spec.name: getattr(options, spec.name) for spec in setting_fields(XlOptions)}
+        layers = {key: XlOptions(**shared, parts={"mixer": options.parts[key]}) for key in ("attention", "fourier")}
+        return [XlBlock(dim, causal, layers["fourier" if index in chosen else "attention"]) for index in range(depth)]
 
-    def resolve_layers(self, options: dict, dim: int, depth: int) -> tuple[dict, dict]:
+    def resolve_layers(self, options: dict, dim: int, depth: int) -> tuple[FourierXlOptions, dict]:
         """Its options and its parts', ``fourier_layers`` resolved to a count."""
         if "mixer" in options:
             raise ValueError("fnet_ar_xl picks each layer's mixer by fourier_layers and fourier_placement; 'mixer' is not an option")
         tree, unknown = self.resolve_options(options, dim)
-        if tree["fourier_layers"] is None:
-            tree["fourier_layers"] = depth // 2
-        fourier_layer_indices(depth, tree["fourier_layers"], tree["fourier_placement"])  # validates both
+        if tree.fourier_layers is None:
+            tree.fourier_layers = depth // 2
+        fourier_layer_indices(depth, tree.fourier_layers, tree.fourier_placement)  # validates both
         return tree, unknown

@@ -20,7 +20,8 @@ from ..models.registry import list_models
 from ..runtime import retain_freed_memory
 from ..version import __version__
 from . import bench, compare, convert_checkpoint, distil, evaluate, export_hf, finetune, generate, plot, recipes, serve, train
-from .common import INTERRUPTED_STATUS, Parser
+from .arguments import Parser
+from .common import INTERRUPTED_STATUS
 
 # in the order --help lists them
 COMMANDS = (train, finetune, evaluate, generate, distil, serve, plot, recipes, export_hf, convert_checkpoint, bench, compare)

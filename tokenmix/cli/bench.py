@@ -18,11 +18,11 @@ from ..bench.scale import scale_records, write_scale_plots
 from ..bench.serve import serve_records, write_serve_plots
 from ..devices import resolve_device
 from ..errors import user_input
-from ..fields import check_output_path
 from ..files import write_json_atomic, write_text_atomic
 from ..runtime import set_threads
 from ..train.distributed import init_distributed
 from ..version import source_revision
+from .arguments import check_output_path
 from .bench_arguments import add_bench_arguments
 from .serve import SERVE_EXTRA
 

@@ -7,11 +7,12 @@ import torch
 
 from ..bench.cases import DTYPES, KINDS
 from ..compilation import COMPILE_MODES
-from ..fields import Choice, Cpus, Integer, KeyValue, Lengths, Names, Number, Output
+from ..fields import Choice, Integer, Number, Output
 from ..mixers.registry import list_mixers
 from ..models.registry import list_models
 from ..precision import PRECISIONS
 from ..train.config import DEVICE
+from .arguments import Cpus, KeyValue, Lengths, Names
 
 
 def add_bench_arguments(parser) -> None:

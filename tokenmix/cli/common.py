@@ -1,14 +1,14 @@
-"""What the commands share: their threads and device flags, argument kinds, the one-line-error parser, text a terminal shows."""
+"""What the commands share: their threads and device flags, argument kinds, text a terminal shows."""
 
 from __future__ import annotations
 
-import argparse
 import unicodedata
 
-from ..fields import Choice, Existing, Integer, KeyValue
+from ..fields import Choice, Existing, Integer
 from ..precision import PRECISIONS
 from ..runtime import set_threads
 from ..train.config import DEVICE, TrainConfig
+from .arguments import KeyValue
 
 DEMO_PROMPT = "ROMEO.\n"
 
@@ -54,10 +54,3 @@ def printable(data: bytes) -> str:
 
 def escaped(text: str) -> str:
     return "".join(f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" and c not in "\n\t" else c for c in text)
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with its errors in one line: the problem and where the help is, without the usage block."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..data.tokenizer import TOKENIZER_FILE
 from ..errors import user_input
-from ..fields import Integer, Lengths, Output, Percent, check_output_path
+from ..fields import Integer, Output
 from ..files import write_json_atomic
 from ..models.distil import SWEEP_ORDERS, distilled_model, fit_orders, recommended_order, sweep_orders
 from ..models.saving import save_pretrained
@@ -22,6 +22,7 @@ from ..train.directory import check_directory, claim_directory
 from ..train.evaluate import EVAL_BATCH
 from ..train.lock import RunLock
 from ..version import __version__, source_revision
+from .arguments import Lengths, Percent, check_output_path
 from .common import RUN, add_threads_and_device, use_threads
 from .evaluate import run_objective
 

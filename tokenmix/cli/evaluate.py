@@ -6,7 +6,7 @@ import functools
 
 from ..data.sources import load_data
 from ..errors import user_input
-from ..fields import Choice, Integer, Lengths, Output, check_output_path
+from ..fields import Choice, Integer, Output
 from ..files import write_json_atomic
 from ..runs import Run, open_run
 from ..runs.metrics import training_cost
@@ -14,6 +14,7 @@ from ..table import format_table
 from ..train.evaluate import EVAL_BATCH, SCORES
 from ..train.objectives import objective_class, objective_for
 from ..version import __version__, source_revision
+from .arguments import Lengths, check_output_path
 from .common import RUN, add_precision, add_threads_and_device, use_threads
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from ..errors import user_input
-from ..fields import Integer, Output, check_output_path
+from ..fields import Integer, Output
 from ..runs import open_run
+from .arguments import check_output_path
 from .common import RUN
 
 

@@ -175,8 +175,8 @@ class Attention(Mixer):
 
     options_type = AttentionOptions
 
-    def __init__(self, dim: int, causal: bool = False, **options):
-        super().__init__(dim, causal, **options)
+    def __init__(self, dim: int, causal: bool = False, options: AttentionOptions | None = None):
+        super().__init__(dim, causal, options)
         heads, chunk_size, position = self.options.heads, self.options.chunk_size, self.options.position
         if dim % heads:
             raise ValueError(f"dim={dim} must be divisible by heads={heads}")

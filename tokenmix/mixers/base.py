@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ..ops.toeplitz import naive_toeplitz_matrix
+from ..options import Options
 from ..precision import run_in_inner_precision
 from ..state import StreamState, check_state
 from ..validation import check_finite, check_int, finite_checks_enabled
@@ -163,14 +164,14 @@ class Mixer(Configurable, nn.Module):
         """Channels ``channels`` of ``mix``'s output, from x (batch, length, those channels) alone (``channel_slices``)."""
         raise NotImplementedError
 
-    def __init__(self, dim: int, causal: bool, **options):
+    def __init__(self, dim: int, causal: bool, options: Options | None = None):
         super().__init__()
         check_int(dim, "dim")
         if not isinstance(causal, bool):
             raise ValueError(f"causal must be True or False, got {causal!r}")
         self.dim = dim
         self.causal = causal
-        self.configure(options, dim)
+        self.take_options(options, dim)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.checked_mix(x, mask)

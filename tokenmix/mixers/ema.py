@@ -50,8 +50,8 @@ class Ema(ToeplitzOperator, ChannelSliced, Mixer):
     padding_invariant_sides = PADDING_SIDES  # the kernel depends on the lag only
     bounded_state = True  # N values per channel
 
-    def __init__(self, dim: int, causal: bool = False, **options):
-        super().__init__(dim, causal, **options)
+    def __init__(self, dim: int, causal: bool = False, options: EmaOptions | None = None):
+        super().__init__(dim, causal, options)
         self.ndim = ndim = self.options.ndim
         directions = 1 if self.causal else 2
         shape = (directions, dim, ndim)

@@ -51,8 +51,8 @@ class FdTno(ToeplitzStreaming, ToeplitzOperator, ChannelSliced, Mixer):
     inner_precision = "float32"  # the RPE reads frequencies, the product is an FFT one
     taps_depend_on_length = True  # the RPE is sampled on the FFT grid of the length
 
-    def __init__(self, dim: int, causal: bool = False, **options):
-        super().__init__(dim, causal, **options)
+    def __init__(self, dim: int, causal: bool = False, options: FdTnoOptions | None = None):
+        super().__init__(dim, causal, options)
         o = self.options
         self.rpe = RelativePositionEncoder(dim if causal else 2 * dim, o.rpe_dim, o.rpe_layers, o.activation)
         self._cache = Cache()

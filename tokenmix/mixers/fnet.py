@@ -54,10 +54,10 @@ class Fnet(Mixer):
     inner_precision = "float32"  # FFTs over the sequence and the hidden dimension
     causal_modes = (False,)
 
-    def __init__(self, dim: int, causal: bool = False, **options):
+    def __init__(self, dim: int, causal: bool = False, options: FnetOptions | None = None):
         if causal:
             raise ValueError("fnet mixes the whole sequence and cannot be causal; use fnet_ar for causal mixing")
-        super().__init__(dim, causal, **options)
+        super().__init__(dim, causal, options)
         self.sequence_only = self.options.sequence_only
         self.sequence_fourier = SequenceFourier(dim, dim) if self.sequence_only else SequenceFourier(2 * dim, dim)
 
@@ -115,10 +115,10 @@ class FnetAr(Mixer):
         """Whole windows of padding keep every token's DFT row (t mod W)."""
         return self.window
 
-    def __init__(self, dim: int, causal: bool = True, **options):
+    def __init__(self, dim: int, causal: bool = True, options: FnetArOptions | None = None):
         if not causal:
             raise ValueError("fnet_ar is causal by construction: build it with causal=True")
-        super().__init__(dim, causal, **options)
+        super().__init__(dim, causal, options)
         self.window = self.options.window
 
     @property

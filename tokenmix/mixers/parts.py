@@ -1,13 +1,17 @@
 """Options of mixers and blocks as a tree: each part's own options dataclass, and the mixers it builds nested.
 
 A block's (or mixer's) ``options_type`` declares its own options (``tokenmix.options.Options``);
-``parts()`` names the registered mixers it builds, each nested under its key in the saved config:
+``parts()`` names the registered mixers it builds. Resolved (``Configurable.resolve_options``), they
+are one typed tree, each part's mixer and options in the ``parts`` of its owner's, and a saved
+config holds each nested under its key:
 
     {"dropout": 0.0, "expand": 3, ..., "mixer": {"name": "tno", "rpe_dim": 64, ...}}
 
 Options are given flat (a name sets the owner's option and every nested part's of that name: a
 block's ``dropout`` reaches its attention's), dotted (``"mixer.rpe_dim"``: one part's), or nested as
-a saved config holds them; ``"mixer": "ski_tno"`` picks a part's mixer by name.
+a saved config holds them; ``"mixer": "ski_tno"`` picks a part's mixer by name. They are resolved
+once, where flat options come in (``build_mixer``, ``ModelConfig``); mixers and blocks are built from
+the resolved tree.
 """
 
 from __future__ import annotations
@@ -15,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..options import Options, refuse_unknown
-from .registry import build_mixer, mixer_class
+from ..options import MixerChoice, Options, refuse_unknown
+from .registry import mixer_class
 
 
 @dataclass(frozen=True)
@@ -45,18 +49,9 @@ def leaf_names(tree: dict) -> list[str]:
     return names
 
 
-def find_option(tree: dict, name: str) -> list:
-    """The values of every option called ``name`` in ``tree``, at any depth (the owner's first); a part's
-    value is its mixer's name."""
-    found = [tree[name]["name"] if isinstance(tree[name], dict) else tree[name]] if name in tree else []
-    for value in tree.values():
-        if isinstance(value, dict):
-            found += find_option(value, name)
-    return found
-
-
 class Configurable:
-    """Mixin of mixers and blocks: options from ``options_type``, nested ``parts()``."""
+    """Mixin of mixers and blocks: options from ``options_type``, nested ``parts()``, resolved once into an
+    ``Options`` tree that the constructor takes (``take_options``)."""
 
     options_type: type[Options] = Options
     """The dataclass of its own options (``Options``): types, ranges, defaults and help of each."""
@@ -67,9 +62,10 @@ class Configurable:
         return []
 
     @classmethod
-    def resolve_options(cls, options: dict, dim: int) -> tuple[dict, dict]:
-        """(tree, unknown): every option of it and its parts, checked, defaults filled in and
-        derived ones pinned (``Options.pinned``), and the options nothing took."""
+    def resolve_options(cls, options: dict, dim: int) -> tuple[Options, dict]:
+        """(tree, unknown): its options from flat, dotted or nested ``options``, checked, defaults filled in
+        and derived ones pinned (``Options.pinned``), each part's resolved in its ``parts``; and the options
+        nothing took."""
         parts = {part.key: part for part in cls.parts()}
         given, flat = {key: {} for key in parts}, {}
         for key, value in options.items():
@@ -84,7 +80,7 @@ class Configurable:
                 flat[key] = value
         own, unknown = cls.options_type.take(flat)
         own = own.pinned(dim)
-        tree, taken = own.as_dict(), set(flat) - set(unknown)
+        taken = set(flat) - set(unknown)
         for key, part in parts.items():
             chosen = dict(given[key])
             name = chosen.pop("name", part.default)
@@ -92,21 +88,25 @@ class Configurable:
                 raise ValueError(f"{key} must be one of {part.allowed()} (a part of {cls.__name__}), got {name!r}")
             width = part.width(own, dim) if part.width else dim
             subtree, left = mixer_class(name).resolve_options({**part.defaults, **flat, **chosen}, width)
-            refuse_unknown({option: chosen[option] for option in left if option in chosen}, leaf_names(subtree), f"{key} ({name})")
+            accepted = leaf_names(subtree.as_dict())
+            refuse_unknown({option: chosen[option] for option in left if option in chosen}, accepted, f"{key} ({name})")
             taken |= set(flat) - set(left)
-            tree[key] = {"name": name, **subtree}
-        return tree, {key: value for key, value in flat.items() if key not in taken}
+            own.parts[key] = MixerChoice(name, subtree)
+        return own, {key: value for key, value in flat.items() if key not in taken}
 
-    def configure(self, options: dict, dim: int) -> None:
-        """Resolve ``options`` (ValueError on unknown ones) into ``self.options``, its own dataclass,
-        and ``self.part_options``, each part's resolved options by key."""
-        tree, unknown = self.resolve_options(options, dim)
-        refuse_unknown(unknown, leaf_names(tree), type(self).__name__)
-        keys = [part.key for part in self.parts()]
-        self.options = self.options_type(**{key: value for key, value in tree.items() if key not in keys})
-        self.part_options = {key: tree[key] for key in keys}
+    def take_options(self, options: Options | None, dim: int) -> None:
+        """``self.options``: ``options`` resolved (its ``options_type``, each part in its ``parts``), or the
+        defaults at ``dim`` channels when None; ValueError for options of another type or lacking a part."""
+        if options is None:
+            options = self.resolve_options({}, dim)[0]
+        if type(options) is not self.options_type:
+            raise ValueError(f"options of {type(self).__name__} must be a {self.options_type.__name__}, got {type(options).__name__}")
+        missing = [part.key for part in self.parts() if part.key not in options.parts]
+        if missing:
+            raise ValueError(f"options of {type(self).__name__} lack the parts {missing}: resolve them (resolve_options)")
+        self.options = options.pinned(dim)
 
     def build_part(self, key: str, width: int, causal: bool):
         """The mixer of part ``key`` with its resolved options."""
-        options = dict(self.part_options[key])
-        return build_mixer(options.pop("name"), width, causal, **options)
+        choice = self.options.parts[key]
+        return mixer_class(choice.name)(width, causal, choice.options)

@@ -66,10 +66,10 @@ class RelativeAttention(Mixer):
     no_weight_decay = ("content_bias", "position_bias")
     sequence_split = None  # not yet: its queries' positions would need the shard's offset
 
-    def __init__(self, dim: int, causal: bool = True, **options):
+    def __init__(self, dim: int, causal: bool = True, options: RelativeAttentionOptions | None = None):
         if not causal:
             raise ValueError("relative_attention is causal (Transformer-XL): build it with causal=True")
-        super().__init__(dim, causal, **options)
+        super().__init__(dim, causal, options)
         heads = self.options.heads
         if dim % heads:
             raise ValueError(f"dim={dim} must be divisible by heads={heads}")

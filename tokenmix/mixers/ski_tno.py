@@ -87,8 +87,8 @@ class SkiTno(ToeplitzStreaming, ChannelSliced, Mixer):
     no_weight_decay = ("band",)
     inner_precision = "float32"  # the time warp decay^|t| and the interpolation weights; FFT products
 
-    def __init__(self, dim: int, causal: bool = False, **options):
-        super().__init__(dim, causal, **options)
+    def __init__(self, dim: int, causal: bool = False, options: SkiTnoOptions | None = None):
+        super().__init__(dim, causal, options)
         o = self.options
         self.rank, self.decay, self.path, self.interpolation = o.rank, o.decay, o.path, o.interpolation
         self.degree = check_interpolation(o.interpolation)

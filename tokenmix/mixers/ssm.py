@@ -57,10 +57,10 @@ class Ssm(ToeplitzOperator, ChannelSliced, Mixer):
     padding_invariant_sides = PADDING_SIDES  # the kernel depends on the lag only
     no_weight_decay = ("pole_logit", "pole_angle", "residue", "taps")
 
-    def __init__(self, dim: int, causal: bool = True, **options):
+    def __init__(self, dim: int, causal: bool = True, options: SsmOptions | None = None):
         if not causal:
             raise ValueError("ssm is causal (a recurrence over earlier tokens): build it with causal=True")
-        super().__init__(dim, causal, **options)
+        super().__init__(dim, causal, options)
         self.order, self.window = order, window = self.options.order, self.options.window
         # Magnitudes spread over (0.5, 0.999), angles over [0, pi): slow and fast, smooth and oscillating modes.
         magnitude = 1.0 - torch.logspace(math.log10(0.5), -3, order)

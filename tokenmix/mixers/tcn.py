@@ -84,8 +84,8 @@ class Tcn(ChannelSliced, Mixer):
     bounded_state = True  # the receptive field's last inputs per layer
     inner_precision = "input"  # the depthwise convolution takes one dtype for input and taps
 
-    def __init__(self, dim: int, causal: bool = False, **options):
-        super().__init__(dim, causal, **options)
+    def __init__(self, dim: int, causal: bool = False, options: TcnOptions | None = None):
+        super().__init__(dim, causal, options)
         kernel_size, depth, convs_per_block = self.options.kernel_size, self.options.depth, self.options.convs_per_block
         self.kernel_size, self.depth, self.convs_per_block = kernel_size, depth, convs_per_block
         dilation_factor = self.options.dilation_factor

@@ -100,8 +100,8 @@ class Tno(ToeplitzStreaming, ToeplitzOperator, ChannelSliced, Mixer):
     inner_precision = "float32"  # FFT products; the RPE reads lags up to n - 1
     padding_invariant_sides = PADDING_SIDES  # t_k depends on the lag k only
 
-    def __init__(self, dim: int, causal: bool = False, **options):
-        super().__init__(dim, causal, **options)
+    def __init__(self, dim: int, causal: bool = False, options: TnoOptions | None = None):
+        super().__init__(dim, causal, options)
         o = self.options
         self.factored = o.factored
         self.rpe = RelativePositionEncoder(dim, o.rpe_dim, o.rpe_layers, o.activation)

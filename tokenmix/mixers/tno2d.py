@@ -57,10 +57,10 @@ class GridMixer(Mixer):
     token_axes = 2
     channelwise_linear = True  # separable2d: as its axis mixers are
 
-    def __init__(self, dim: int, causal: bool, **options):
+    def __init__(self, dim: int, causal: bool, options: Options | None = None):
         if causal:
             raise ValueError(f"{type(self).__name__} mixes a 2-D grid in every direction and has no causal mode: use causal=False")
-        super().__init__(dim, causal, **options)
+        super().__init__(dim, causal, options)
         self.grid = self.options.grid
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, *, grid=None) -> torch.Tensor:
@@ -119,8 +119,8 @@ class Tno2d(GridMixer):
     inner_precision = "float32"  # 2-D FFT products; the RPE reads offsets up to the grid's size
     channel_slices = True  # a channel's kernel is its column of the RPE's output layer
 
-    def __init__(self, dim: int, causal: bool = False, **options):
-        super().__init__(dim, causal, **options)
+    def __init__(self, dim: int, causal: bool = False, options: Tno2dOptions | None = None):
+        super().__init__(dim, causal, options)
         o = self.options
         self.rpe = RelativePositionEncoder(dim, o.rpe_dim, o.rpe_layers, o.activation, in_features=2)
         self.decay = ExponentialDecay(o.decay, o.learnable_decay)
@@ -184,9 +184,9 @@ class Separable2d(GridMixer):
         """``axis_mixer``: the 1-D mixer run along every row, then (a second one, the same options) along every column."""
         return [Part("axis_mixer", "tno", axis_mixers)]
 
-    def __init__(self, dim: int, causal: bool = False, **options):
-        super().__init__(dim, causal, **options)
-        self.axis_mixer = self.part_options["axis_mixer"]["name"]
+    def __init__(self, dim: int, causal: bool = False, options: GridOptions | None = None):
+        super().__init__(dim, causal, options)
+        self.axis_mixer = self.options.parts["axis_mixer"].name
         self.rows = self.build_part("axis_mixer", dim, False)  # mixes each row: W tokens
         self.columns = self.build_part("axis_mixer", dim, False)  # mixes each column: H tokens
 

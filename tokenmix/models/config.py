@@ -10,12 +10,14 @@ reader of saved files goes through.
 
 from __future__ import annotations
 
+import copy
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
+from ..options import Options
 from ..validation import check_int
 from ..version import __version__
-from .registry import TASKS, resolve_model_options
+from .registry import TASKS, model_spec, resolve_model
 
 FORMAT_VERSION = 5
 POOLS = ("mean", "first", "last")
@@ -30,7 +32,9 @@ FORMAT_KEYS[5] = FORMAT_KEYS[4]
 
 @dataclass
 class ModelConfig:
-    """Everything needed to rebuild a model. ``options`` are resolved on construction.
+    """Everything needed to rebuild a model. ``options`` are resolved on construction: given as a dict
+    (flat, dotted or nested names, ``resolve_model``) or as the resolved tree itself, they are held as the
+    tree (an ``Options`` of the model's blocks).
 
     Classification heads: ``pool`` reduces the final hidden states over real tokens ("mean", or
     the first or last real token's); ``documents=2`` is the Long Range Arena dual encoder (two
@@ -43,7 +47,7 @@ class ModelConfig:
     dim: int = 256
     depth: int = 4
     num_classes: int | None = None
-    options: dict = field(default_factory=dict)
+    options: Options | dict = field(default_factory=dict)
     pool: str = "mean"
     documents: int = 1
     format_version: int = field(default=FORMAT_VERSION, compare=False)
@@ -65,17 +69,24 @@ class ModelConfig:
         check_int(self.documents, "documents", maximum=2)
         if self.task != "classify" and (self.pool, self.documents) != ("mean", 1):
             raise ValueError(f"pool and documents shape a classification head; task={self.task!r} has none")
-        if not isinstance(self.options, dict):
-            raise ValueError(f"options must be a dict of option names to values, got {type(self.options).__name__}")
-        self.options = resolve_model_options(self.name, self.options, self.dim, self.depth)
+        self.options = self._resolved_options()
         self.format_version, self.tokenmix_version = FORMAT_VERSION, __version__
 
     @property
     def causal(self) -> bool:
         return self.task == "lm"
 
+    def _resolved_options(self) -> Options:
+        """The options as the model's tree: resolved from a dict, or a copy of the tree given."""
+        if isinstance(self.options, dict):
+            return resolve_model(self.name, self.options, self.dim, self.depth)
+        if type(self.options) is not model_spec(self.name).layers.options_type:
+            raise ValueError(f"options must be a dict of option names to values, got {type(self.options).__name__}")
+        return copy.deepcopy(self.options)
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The saved form, the options nested as ``Options.as_dict`` writes them (the other fields are plain values)."""
+        return {spec.name: getattr(self, spec.name) for spec in fields(self)} | {"options": self.options.as_dict()}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)

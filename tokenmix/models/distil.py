@@ -116,7 +116,7 @@ def fit_orders(
 
 def distilled_model(model: SequenceModel, order: int, window: int, fits: list[LayerFit]) -> SequenceModel:
     """``model`` with each fitted mixer replaced by an ``ssm`` of ``order`` modes holding its fit; every other weight kept."""
-    options = distilled_options(model.config.options, order, window)
+    options = distilled_options(model.config.options.as_dict(), order, window)
     config = ModelConfig.from_dict({**model.config.to_dict(), "options": options})
     parameter = next(model.parameters())
     distilled = SequenceModel(config).to(parameter.device, parameter.dtype).eval()

@@ -126,14 +126,13 @@ class SequenceModel(nn.Module):
         super().__init__()
         spec = model_spec(config.name)
         self.config = config
-        options = config.options  # resolved: every block and mixer option
-        dropout = options["dropout"]
+        dropout = config.options.dropout  # config.options: the resolved tree of every block and mixer option
         self.embedding = nn.Embedding(config.vocab_size, config.dim)
         nn.init.normal_(self.embedding.weight, std=config.dim**-0.5)
         self.embedding_dropout = nn.Dropout(dropout)
         if config.task not in spec.tasks:
             raise ValueError(f"task for model {config.name!r} must be one of {list(spec.tasks)}, got {config.task!r}")
-        self.blocks = nn.ModuleList(spec.layers(config.dim, config.causal, config.depth, **options))
+        self.blocks = nn.ModuleList(spec.layers(config.dim, config.causal, config.depth, config.options))
         self.recurrent = any(getattr(block, "recurrent", False) for block in self.blocks)
         self.final_norm = nn.LayerNorm(config.dim)
         self.classifier = _classifier(config) if config.task == "classify" else None
@@ -269,7 +268,8 @@ class SequenceModel(nn.Module):
     def with_options(self, **changes) -> SequenceModel:
         """A copy with these weights under the options changed (an XL model's ``segment_length``), on the
         same device and dtype and in the same precision, in eval mode."""
-        config = ModelConfig.from_dict({**self.config.to_dict(), "options": {**self.config.options, **changes}})
+        saved = self.config.to_dict()
+        config = ModelConfig.from_dict({**saved, "options": {**saved["options"], **changes}})
         parameter = next(self.parameters())
         copy = SequenceModel(config).to(parameter.device, parameter.dtype).eval()
         copy.load_state_dict(self.state_dict())

@@ -8,7 +8,7 @@ from torch import nn
 
 from ..blocks import FourierXlStack, MegaBlock, TcncaSimpleBlock, TnnBlock, TransformerBlock, XlBlock
 from ..mixers.parts import leaf_names
-from ..options import refuse_unknown
+from ..options import Options, refuse_unknown
 from ..registry import Registry
 
 TASKS = ("lm", "mlm", "classify")
@@ -20,11 +20,11 @@ class Repeated:
     def __init__(self, block: type[nn.Module]):
         self.block = block
 
-    def __call__(self, dim: int, causal: bool, depth: int, /, **options) -> list[nn.Module]:
-        """``depth`` blocks; positional-only, so a mixer option named ``depth`` (the TCN's) passes through."""
-        return [self.block(dim, causal, **options) for _ in range(depth)]
+    def __call__(self, dim: int, causal: bool, depth: int, options: Options) -> list[nn.Module]:
+        """``depth`` blocks, each built from the resolved ``options`` (``resolve_layers``)."""
+        return [self.block(dim, causal, options) for _ in range(depth)]
 
-    def resolve_layers(self, options: dict, dim: int, depth: int) -> tuple[dict, dict]:
+    def resolve_layers(self, options: dict, dim: int, depth: int) -> tuple[Options, dict]:
         return self.block.resolve_options(options, dim)
 
     @property
@@ -37,7 +37,7 @@ class Repeated:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    layers: Repeated | FourierXlStack  # (dim, causal, depth, **options) -> blocks; resolve_layers(options, dim, depth)
+    layers: Repeated | FourierXlStack  # resolve_layers(options, dim, depth) -> (tree, unknown); (dim, causal, depth, tree) -> blocks
     defaults: dict = field(default_factory=dict)
     description: str = ""
     tasks: tuple[str, ...] = TASKS
@@ -72,10 +72,20 @@ def model_spec(name: str) -> ModelSpec:
     return _MODELS[name]
 
 
-def resolve_model_options(name: str, options: dict, dim: int, depth: int) -> dict:
-    """Every option of the blocks of model ``name`` (width ``dim``, ``depth`` layers) and, nested under
-    their keys, of the mixers they build, defaults filled in (``mixers/parts.py``); ValueError on unknown names."""
+def resolve_model(name: str, options: dict, dim: int, depth: int, fallbacks: dict | None = None) -> Options:
+    """The options of the blocks of model ``name`` (width ``dim``, ``depth`` layers) from flat, dotted or
+    nested ``options``: its blocks' options dataclass, each mixer they build in its ``parts``, every default
+    filled in (``mixers/parts.py``); ValueError on unknown names. ``fallbacks``: flat options that apply
+    where the model has an option of that name and ``options`` do not set it, and are dropped elsewhere (a
+    run's ``grid`` and ``segment_length``)."""
     spec = model_spec(name)
-    resolved, unknown = spec.layers.resolve_layers({**spec.defaults, **options}, dim, depth)
-    refuse_unknown(unknown, leaf_names(resolved), f"model {name!r}")
+    given = {**spec.defaults, **options}
+    resolved, unknown = spec.layers.resolve_layers({**(fallbacks or {}), **given}, dim, depth)
+    refuse_unknown({key: value for key, value in unknown.items() if key in given}, leaf_names(resolved.as_dict()), f"model {name!r}")
     return resolved
+
+
+def resolve_model_options(name: str, options: dict, dim: int, depth: int) -> dict:
+    """Every option of the blocks of model ``name`` and, nested under their keys, of the mixers they build,
+    defaults filled in, as a saved config holds them (``resolve_model``)."""
+    return resolve_model(name, options, dim, depth).as_dict()

@@ -9,9 +9,8 @@ from dataclasses import dataclass, fields
 from ..data.tokenizer import parse_tokenizer_spec
 from ..devices import check_device_name
 from ..fields import Choice, Existing, Integer, Number, Output, Parsed, check_settings, setting
-from ..mixers.parts import find_option
 from ..models.config import POOLS, ModelConfig
-from ..models.registry import list_models, resolve_model_options
+from ..models.registry import list_models, resolve_model
 from ..precision import PRECISIONS
 from .distributed import DEFAULT_COLLECTIVE_TIMEOUT
 from .recipes import list_recipes
@@ -164,11 +163,7 @@ class TrainConfig:
         segment-recurrent (XL) models get segments of ``seq_len``, the way they are trained."""
         fields = dict(data_fields)
         grid = fields.pop("grid", None)
-        options = {"dropout": self.dropout, **self.options}
-        takes = resolve_model_options(self.model, options, self.dim, self.depth)
-        if grid is not None and "grid" not in options and find_option(takes, "grid"):
-            options["grid"] = list(grid)
-        if "segment_length" not in options and find_option(takes, "segment_length"):
-            options["segment_length"] = self.seq_len
+        fallbacks = {"segment_length": self.seq_len, **({} if grid is None else {"grid": list(grid)})}
+        options = resolve_model(self.model, {"dropout": self.dropout, **self.options}, self.dim, self.depth, fallbacks)
         pool = {"pool": self.pool} if self.task == "classify" else {}
         return ModelConfig(self.model, self.task, dim=self.dim, depth=self.depth, options=options, **pool, **fields)

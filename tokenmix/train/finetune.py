@@ -81,7 +81,7 @@ def finetune_settings(pretrained: Run, path, given: dict) -> dict:
     fixed = sorted(key for key in FROM_PRETRAINED if key in given)
     if fixed:
         raise ValueError(f"{', '.join('--' + key for key in fixed)}: a fine-tuning run takes these from the pretrained model {str(path)!r}")
-    options = {key: value for key, value in config.options.items() if key != "dropout"}  # --dropout applies
+    options = {key: value for key, value in config.options.as_dict().items() if key != "dropout"}  # --dropout applies
     base = {"model": config.name, "dim": config.dim, "depth": config.depth, "task": task, "tokenizer": pretrained.tokenizer.name}
     return {**base, "init": str(path), **given, "options": {**options, **given.get("options", {})}}
 
