@@ -21,12 +21,12 @@ from ..files import write_json_atomic, write_text_atomic
 from ..mixers.registry import list_mixers
 from ..models.distil import distilled_options
 from ..models.registry import list_models, resolve_model_options
+from ..parallel.dims import init_distributed
 from ..precision import PRECISIONS
 from ..progress import progress_bar
 from ..runtime import retain_freed_memory, set_threads
 from ..table import format_table
 from ..train.config import DEVICE
-from ..train.distributed import init_distributed
 from ..version import source_revision
 from .cases import CASE_KINDS, DTYPES, GENERATE_DEPTH, GENERATE_KINDS, KINDS, MIXER_KINDS, TRAINING_KINDS, Case, batch_for, supports
 from .measure import measure

@@ -12,8 +12,8 @@ from ..fields import Choice, Existing, Integer, Number, Output, Parsed, check_se
 from ..mixers.parts import find_option
 from ..models.config import POOLS, ModelConfig
 from ..models.registry import list_models, resolve_model_options
+from ..parallel.distributed import DEFAULT_COLLECTIVE_TIMEOUT
 from ..precision import PRECISIONS
-from .distributed import DEFAULT_COLLECTIVE_TIMEOUT
 from .recipes import list_recipes
 from .schedule import SCHEDULES
 
