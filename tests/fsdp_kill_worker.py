@@ -19,6 +19,6 @@ for _ in range(2):
 trainer.save()
 for _ in range(2):
     trainer.train_step()
-if trainer.context.is_main:
+if trainer.dims.is_main:
     tokenmix.train.checkpointing.save_checkpoint = lambda *_: os.kill(os.getpid(), signal.SIGKILL)
 trainer.save()

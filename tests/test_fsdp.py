@@ -174,7 +174,7 @@ def test_a_whole_checkpoint_does_not_resume_sharded(tmp_path, monkeypatch):
 
     config = TrainConfig(dim=16, depth=1, seq_len=32, steps=1, eval_tokens=64, final_eval_tokens=64, out=str(tmp_path / "run"))
     Trainer(config, progress=False).run()
-    monkeypatch.setattr("tokenmix.train.loop.check_launch", lambda *_: None)  # as if under torchrun: the refusal comes first
+    monkeypatch.setattr("tokenmix.train.setup.check_launch", lambda *_: None)  # as if under torchrun: the refusal comes first
     with pytest.raises(ValueError, match=r"--resume --fsdp reads sharded checkpoints; .* resume it without --fsdp"):
         Trainer(TrainConfig(**{**config.__dict__, "steps": 2, "fsdp": True}), resume=True, progress=False)
 

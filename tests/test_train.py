@@ -183,7 +183,7 @@ DDP_SCRIPT = textwrap.dedent(
 
 def test_auto_device_needs_a_gpu_per_process_and_cuda_says_so(monkeypatch):
     from tokenmix.devices import resolve_device
-    from tokenmix.train.distributed import init_distributed
+    from tokenmix.parallel.dims import init_distributed
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -263,7 +263,7 @@ def test_a_task_the_data_cannot_learn_is_refused_before_the_data_is_read(tmp_pat
     def never(*args):
         raise AssertionError("the data was loaded before the task was checked")
 
-    monkeypatch.setattr("tokenmix.train.loop.load_data", never)
+    monkeypatch.setattr("tokenmix.train.setup.load_data", never)
     with pytest.raises(ValueError, match=f"is a {kind} task"):
         Trainer(TrainConfig(data=source, task=task, out=str(tmp_path / "run")), progress=False)
 

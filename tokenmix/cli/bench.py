@@ -19,8 +19,8 @@ from ..bench.serve import serve_records, write_serve_plots
 from ..devices import resolve_device
 from ..errors import user_input
 from ..files import write_json_atomic, write_text_atomic
+from ..parallel.dims import init_distributed
 from ..runtime import set_threads
-from ..train.distributed import init_distributed
 from ..version import source_revision
 from .arguments import check_output_path
 from .bench_arguments import add_bench_arguments
@@ -76,22 +76,22 @@ def run_scale(args) -> int:
     set_threads(args.threads)
     check_output_path(args.output, "--output")
     check_output_path(args.plot, "--plot", directory=True)
-    context = init_distributed(resolve_device(args.device))
+    dims = init_distributed(resolve_device(args.device))
 
     def keep(records: list[dict]) -> None:
-        if context.is_main:
+        if dims.is_main:
             write_output(args, records)
 
     try:
         records = scale_records(args, source_revision(), keep)
         keep(records)
-        if context.is_main:
+        if dims.is_main:
             if args.plot:
                 write_scale_plots(records, args.plot)
             print(f"# {platform.machine()}, {args.threads} threads per process, torch {torch.__version__}, {args.device}, {args.dtype}")
             print(bench_tables(records))
     finally:
-        context.close()
+        dims.close()
     return 0
 
 

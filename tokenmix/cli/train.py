@@ -162,7 +162,7 @@ def run_training(trainer: Trainer, command: str, sample_tokens: int) -> int:
     finished = False  # after an error no process waits for the others: torchrun stops them
     try:
         final = trainer.run()
-        if trainer.context.is_main:
+        if trainer.dims.is_main:
             if "seconds_per_step" in final:
                 speed = f"{final['seconds_per_step']:.3f} s/step, {final['train_tokens_per_s']:,.0f} tokens/s"
                 print(f"training: {trainer.step} steps, {speed}, {trainer.model.num_parameters():,} parameters")

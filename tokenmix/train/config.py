@@ -11,8 +11,8 @@ from ..devices import check_device_name
 from ..fields import Choice, Existing, Integer, Number, Output, Parsed, check_settings, setting
 from ..models.config import POOLS, ModelConfig
 from ..models.registry import list_models, resolve_model
+from ..parallel.distributed import DEFAULT_COLLECTIVE_TIMEOUT
 from ..precision import PRECISIONS
-from .distributed import DEFAULT_COLLECTIVE_TIMEOUT
 from .recipes import list_recipes
 from .schedule import SCHEDULES
 
