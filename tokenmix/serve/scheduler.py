@@ -46,8 +46,7 @@ class Scheduler:
         self.cache = PrefixCache(config.prefix_min, config.prefix_entries)
         self.placement = Placement(config, period, self.cohorts, self.prefills, self.cache, self.lock, metrics)
         self.reserved = self.rows = 0
-        self.accepting = True
-        self.iterations = 0
+        self.accepting, self.iterations = True, 0
         self.unfinished: set[Job] = set()  # admitted and not yet answered in full: what a failure must reach
 
     # -- any thread ------------------------------------------------------------------------------
