@@ -220,10 +220,13 @@ def serving():
 
 @pytest.mark.parametrize("name", LM_MODELS)
 def test_every_request_the_engine_serves_on_the_device_equals_generate_alone_there(name, serving):
-    from tokenmix.serve.engine import Engine, Sampling
+    from tokenmix.serve.config import EngineConfig
+    from tokenmix.serve.engine import Engine
+    from tokenmix.serve.jobs import Sampling
 
     net = on_device(model(name).double().eval())
-    engine = Engine(net, serving.TOKEN_BYTES, context=serving.CONTEXT, max_batch=16, max_state_memory=10**10, chunk=8, prefix_min=0)
+    config = EngineConfig(context=serving.CONTEXT, max_batch=16, max_state_memory=10**10, chunk=8, prefix_min=0)
+    engine = Engine(net, serving.TOKEN_BYTES, config)
     jobs = []
     for index, (length, max_tokens) in enumerate([(1, 12), (17, 20), (5, 7), (33, 25), (9, 16), (24, 10)]):
         temperature, top_k = (0.0, 1.0, 0.7)[index % 3], (None, 12)[index % 2]
@@ -239,4 +242,4 @@ def test_every_request_the_engine_serves_on_the_device_equals_generate_alone_the
         options = {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "seed": s.seed, "max_length": serving.CONTEXT}
         alone = tokenmix.generate(net, [torch.tensor(job.prompt, device=DEVICE)] * s.n, s.max_tokens, **options)
         assert [collected.tokens[choice] for choice in range(s.n)] == [tokens.tolist() for tokens in alone]
-    assert engine.rows == 0 and engine.reserved == 0
+    assert engine.scheduler.rows == 0 and engine.scheduler.reserved == 0

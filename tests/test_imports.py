@@ -161,10 +161,6 @@ def test_no_import_cycle_between_packages():
 
 
 LONGEST_CLASS, LONGEST_FUNCTION = 250, 80  # lines, from the definition's first line to its last
-TOO_LONG_FOR_NOW = {  # being split in issue 45 (their lines today: they may not grow)
-    "tokenmix/serve/engine.py: class Engine": 485,
-    "tokenmix/serve/app.py: create_app": 143,
-}
 
 
 def definition_lengths() -> dict[str, int]:
@@ -191,9 +187,5 @@ def test_every_class_and_function_is_short():
     lengths = definition_lengths()
     assert lengths["tokenmix/cli/__init__.py: main"] > 10 and any(key.endswith(": class Tokenizer") for key in lengths)
     limit = lambda key: LONGEST_CLASS if ": class " in key else LONGEST_FUNCTION  # noqa: E731
-    too_long = [
-        f"{key}: {lines} lines (at most {limit(key)})" for key, lines in lengths.items() if lines > TOO_LONG_FOR_NOW.get(key, limit(key))
-    ]
+    too_long = [f"{key}: {lines} lines (at most {limit(key)})" for key, lines in lengths.items() if lines > limit(key)]
     assert not too_long, "\n".join(too_long)
-    short = sorted(key for key in TOO_LONG_FOR_NOW if lengths.get(key, 0) <= limit(key))
-    assert not short, f"short enough now (or gone): take them off TOO_LONG_FOR_NOW: {short}"

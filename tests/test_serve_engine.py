@@ -19,7 +19,9 @@ import tokenmix  # noqa: E402
 from tokenmix.runtime import threads_within  # noqa: E402
 from tokenmix.serve import ENGINE_PHASES  # noqa: E402
 from tokenmix.serve import engine as engine_module  # noqa: E402
-from tokenmix.serve.engine import Busy, Engine, Failed, Finished, Job, Sampling, Token  # noqa: E402
+from tokenmix.serve.config import EngineConfig  # noqa: E402
+from tokenmix.serve.engine import Engine  # noqa: E402
+from tokenmix.serve.jobs import Busy, Failed, Finished, Job, Sampling, Token  # noqa: E402
 from tokenmix.serve.plan import JOIN_EVERY, MAX_TAIL, MAX_WAIT, PAD_FLOOR, JoinPlan, chunk_sizes, join_plan  # noqa: E402
 from tokenmix.serve.text import CompletionText  # noqa: E402
 
@@ -73,12 +75,12 @@ def test_prompts_are_read_with_the_prefill_threads_and_steps_keep_their_own():
     network = model("tnn").double().eval()
     threads = []  # (tokens in the call, torch's threads during it)
     with threads_within(1):
-        engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=4, max_state_memory=10**10, prefill_threads=2)
+        engine = Engine(network, TOKEN_BYTES, EngineConfig(context=CONTEXT, max_batch=4, max_state_memory=10**10, prefill_threads=2))
         network.register_forward_hook(lambda module, args, output: threads.append((args[0].shape[1], torch.get_num_threads())))
         jobs = [submit(engine, list(range(1, 12)), Sampling(max_tokens=5, seed=0)) for _ in range(2)]
         with torch.no_grad():
-            while engine.unfinished:
-                engine.iteration()
+            while engine.scheduler.unfinished:
+                engine.step()
         assert torch.get_num_threads() == 1
     assert all(collected.done.is_set() for _, collected in jobs)
     assert {count for tokens, count in threads if tokens > 1} == {2} and {count for tokens, count in threads if tokens == 1} == {1}
@@ -90,7 +92,7 @@ def test_every_served_sequence_equals_generate_alone_while_others_run(name):
     prompt alone (with the server's context as max_length), greedy or sampled with its own seed.
     Fails if rows are mispadded (a period too small), share a generator, or are stepped out of turn."""
     network = model(name).double().eval()
-    engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=64, max_state_memory=10**10, chunk=8, prefix_min=0)
+    engine = Engine(network, TOKEN_BYTES, EngineConfig(context=CONTEXT, max_batch=64, max_state_memory=10**10, chunk=8, prefix_min=0))
     calls = model_calls(network)
     generator = torch.Generator().manual_seed(3)
     jobs = []
@@ -107,11 +109,11 @@ def test_every_served_sequence_equals_generate_alone_while_others_run(name):
         jobs.append(submit(engine, prompt, sampling))
         if index >= 5:  # the first six arrive together (their prompts are read as one batch), the others two iterations apart
             with torch.no_grad():
-                engine.iteration()
-                engine.iteration()
+                engine.step()
+                engine.step()
     with torch.no_grad():
-        while engine.unfinished:
-            engine.iteration()
+        while engine.scheduler.unfinished:
+            engine.step()
     for job, collected in jobs:
         assert collected.done.is_set() and collected.failed is None
         s = job.sampling
@@ -120,7 +122,7 @@ def test_every_served_sequence_equals_generate_alone_while_others_run(name):
         assert [collected.tokens[choice] for choice in range(s.n)] == [tokens.tolist() for tokens in alone]
     assert max(batch for batch, tokens in calls if tokens == 1) >= 4  # rows of different prompts did decode together
     assert max(batch for batch, tokens in calls if tokens > 1) >= 2  # and prompts of different lengths were read together
-    assert engine.rows == 0 and engine.reserved == 0
+    assert engine.scheduler.rows == 0 and engine.scheduler.reserved == 0
     timed = {sample.labels["phase"] for sample in engine.metrics.engine_seconds.collect()[0].samples}
     assert timed == set(ENGINE_PHASES)  # every lap under a phase the bench reads
 
@@ -132,26 +134,26 @@ def test_prompts_far_longer_than_a_young_batch_read_their_tails_in_it_and_equal_
     One batch throughout, and each request's tokens those of ``tokenmix.generate`` alone. Fails if a
     reading row samples (its generator would run ahead), or takes a token out of turn."""
     network = model(name).double().eval()
-    engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=64, prefix_min=0)
+    engine = Engine(network, TOKEN_BYTES, EngineConfig(context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=64, prefix_min=0))
     generator = torch.Generator().manual_seed(5)
     jobs = [submit(engine, [1, 2, 3], Sampling(max_tokens=40, temperature=0.0))]
     with torch.no_grad():
-        engine.iteration()  # the short prompt starts the batch
+        engine.step()  # the short prompt starts the batch
         for k in range(3):
             prompt = torch.randint(0, 20, (50 + 15 * k,), generator=generator).tolist()
             jobs.append(submit(engine, prompt, Sampling(max_tokens=20, temperature=0.8, top_k=(None, 9)[k % 2], seed=k, n=1 + k % 2)))
         reading, batches = 0, 0
-        while engine.unfinished:
-            engine.iteration()
-            reading = max(reading, sum(bool(row.unread) for cohort in engine.cohorts for row in cohort.rows if row is not None))
-            batches = max(batches, len(engine.cohorts))
+        while engine.scheduler.unfinished:
+            engine.step()
+            reading = max(reading, sum(bool(row.unread) for cohort in engine.scheduler.cohorts for row in cohort.rows if row is not None))
+            batches = max(batches, len(engine.scheduler.cohorts))
     assert reading >= 3 and batches == 1
     for job, collected in jobs:
         s = job.sampling
         options = {"temperature": s.temperature, "top_k": s.top_k, "seed": s.seed, "max_length": CONTEXT}
         alone = tokenmix.generate(network, [torch.tensor(job.prompt)] * s.n, s.max_tokens, **options)
         assert [collected.tokens[choice] for choice in range(s.n)] == [tokens.tolist() for tokens in alone]
-    assert engine.rows == 0 and engine.reserved == 0
+    assert engine.scheduler.rows == 0 and engine.scheduler.reserved == 0
 
 
 @given(
@@ -210,18 +212,18 @@ def test_a_prompt_joins_a_batch_ahead_of_it_with_whole_chunks_of_padding_and_a_t
     network = model("tcnca_simple").double().eval()
     assert network.front_padding_period == 128
     context = 256
-    engine = Engine(network, TOKEN_BYTES, context=context, max_batch=4, max_state_memory=10**10, chunk=64, prefix_min=0)
+    engine = Engine(network, TOKEN_BYTES, EngineConfig(context=context, max_batch=4, max_state_memory=10**10, chunk=64, prefix_min=0))
     jobs = [submit(engine, [1, 2, 3, 4, 5], Sampling(max_tokens=240, temperature=0.0))]
     with torch.no_grad():
         for _ in range(146):  # the batch reaches position 150
-            engine.iteration()
+            engine.step()
         prompt = torch.randint(0, 20, (60,), generator=torch.Generator().manual_seed(7)).tolist()
         jobs.append(submit(engine, prompt, Sampling(max_tokens=20, temperature=0.8, seed=4)))
-        engine.iteration()
-        (prefill,) = engine.prefills
-        assert prefill.pads == [128] and 0 < len(prefill.tails[0]) < 60 and len(engine.cohorts) == 1
-        while engine.unfinished:
-            engine.iteration()
+        engine.step()
+        (prefill,) = engine.scheduler.prefills
+        assert prefill.pads == [128] and 0 < len(prefill.tails[0]) < 60 and len(engine.scheduler.cohorts) == 1
+        while engine.scheduler.unfinished:
+            engine.step()
     for job, collected in jobs:
         s = job.sampling
         alone = tokenmix.generate(
@@ -239,14 +241,14 @@ def test_prompts_arriving_at_once_are_read_as_one_batch():
     """A fresh engine gets prompts of different lengths in one iteration: the shortest starts the batch, padded
     to the longest, and the others, padded alike, land with it (one prefill call for all)."""
     network = model("tnn").double().eval()
-    engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=64, prefix_min=0)
+    engine = Engine(network, TOKEN_BYTES, EngineConfig(context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=64, prefix_min=0))
     calls = model_calls(network)
     requests = [(list(range(1, 4 + 5 * k)), Sampling(max_tokens=12, temperature=0.7, seed=k)) for k in range(4)]
     jobs = [submit(engine, *request) for request in requests]
     with torch.no_grad():
-        while engine.unfinished:
-            engine.iteration()
-    assert [batch for batch, tokens in calls if tokens > 1] == [4] and engine.iterations == 1 + 12
+        while engine.scheduler.unfinished:
+            engine.step()
+    assert [batch for batch, tokens in calls if tokens > 1] == [4] and engine.scheduler.iterations == 1 + 12
     for (prompt, sampling), (_, collected) in zip(requests, jobs, strict=True):
         options = {"temperature": sampling.temperature, "seed": sampling.seed, "max_length": CONTEXT}
         assert collected.tokens[0] == tokenmix.generate(network, [torch.tensor(prompt)], sampling.max_tokens, **options)[0].tolist()
@@ -259,7 +261,7 @@ def test_an_idle_engine_waits_for_the_rest_of_a_burst_before_reading_it(quiet, m
     monkeypatch.setattr(engine_module, "BURST_QUIET", quiet)
     monkeypatch.setattr(engine_module, "BURST_MAX", 5.0)
     network = model("tnn").eval()
-    engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=8, max_state_memory=10**10, prefix_min=0)
+    engine = Engine(network, TOKEN_BYTES, EngineConfig(context=CONTEXT, max_batch=8, max_state_memory=10**10, prefix_min=0))
     calls = model_calls(network)
     thread = running(engine)
     jobs = []
@@ -277,7 +279,7 @@ def test_prompts_arriving_over_several_iterations_are_read_together_and_joined_b
     """Three prompts come one iteration apart while a batch decodes; each lands on it at the same joining
     iteration: one prefill call of three rows, one concat, and every answer that of generate alone."""
     network = model("tnn").double().eval()
-    engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=64, prefix_min=0)
+    engine = Engine(network, TOKEN_BYTES, EngineConfig(context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=64, prefix_min=0))
     calls = model_calls(network)
     state_class = type(network.init_state(1, max_length=CONTEXT))
     concat, concats = state_class.concat, []
@@ -285,14 +287,14 @@ def test_prompts_arriving_over_several_iterations_are_read_together_and_joined_b
     requests += [(list(range(1, 6 + 3 * k)), Sampling(max_tokens=20, temperature=0.5, seed=k)) for k in range(1, 4)]
     jobs = [submit(engine, *requests[0])]
     with torch.no_grad():
-        while not (engine.cohorts and engine.cohorts[0].rows):  # the first decodes on its own
-            engine.iteration()
+        while not (engine.scheduler.cohorts and engine.scheduler.cohorts[0].rows):  # the first decodes on its own
+            engine.step()
         with patch.object(state_class, "concat", lambda states: concats.append(len(states)) or concat(states)):
             for request in requests[1:]:
                 jobs.append(submit(engine, *request))
-                engine.iteration()
-            while engine.unfinished:
-                engine.iteration()
+                engine.step()
+            while engine.scheduler.unfinished:
+                engine.step()
     prefills = [batch for batch, tokens in calls if tokens > 1]
     assert prefills[-1] == 3 and concats == [2]  # read as one batch of three rows; the cohort copied once
     for (prompt, sampling), (_, collected) in zip(requests, jobs, strict=True):
@@ -304,14 +306,15 @@ def test_prompts_arriving_over_several_iterations_are_read_together_and_joined_b
 def test_a_new_prompt_joins_a_batch_that_lasts_and_starts_its_own_beside_one_about_to_end(first_tokens, batches):
     """Joining pads a prompt to the batch's position: worth it while the batch's rows go on, not when
     they all end within ``MAX_WAIT`` tokens of a request that lives longer."""
-    engine = Engine(model("tnn").eval(), TOKEN_BYTES, context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=64, prefix_min=0)
+    config = EngineConfig(context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=64, prefix_min=0)
+    engine = Engine(model("tnn").eval(), TOKEN_BYTES, config)
     submit(engine, [1] * 20, Sampling(max_tokens=first_tokens))
     with torch.no_grad():
-        while not (engine.cohorts and engine.cohorts[0].rows):
-            engine.iteration()
+        while not (engine.scheduler.cohorts and engine.scheduler.cohorts[0].rows):
+            engine.step()
         submit(engine, [2] * 5, Sampling(max_tokens=60))
-        engine.iteration()
-    assert len(engine.cohorts) == batches
+        engine.step()
+    assert len(engine.scheduler.cohorts) == batches
 
 
 def test_a_batch_started_by_a_short_prompt_leaves_room_for_longer_recent_ones():
@@ -319,21 +322,21 @@ def test_a_batch_started_by_a_short_prompt_leaves_room_for_longer_recent_ones():
     arriving 3 iterations later joins that batch. Unpadded, the batch would stand at position 8, more
     than ``MAX_WAIT`` iterations behind the new prompt, and two batches would decode side by side."""
     network = model("tnn").double().eval()
-    engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=64, prefix_min=0)
+    engine = Engine(network, TOKEN_BYTES, EngineConfig(context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=64, prefix_min=0))
     long_prompt = [k % 19 + 1 for k in range(60)]
     submit(engine, long_prompt, Sampling(max_tokens=2))
     requests = [([3, 1, 4, 1, 5], Sampling(max_tokens=40, temperature=0.7, seed=1)), (long_prompt[::-1], Sampling(max_tokens=12, seed=2))]
     batches = []
     with torch.no_grad():
-        while engine.unfinished:
-            engine.iteration()
+        while engine.scheduler.unfinished:
+            engine.step()
         jobs = [submit(engine, *requests[0])]
         for _ in range(3):
-            engine.iteration()
+            engine.step()
         jobs.append(submit(engine, *requests[1]))
-        while engine.unfinished:
-            engine.iteration()
-            batches.append(len(engine.cohorts))
+        while engine.scheduler.unfinished:
+            engine.step()
+            batches.append(len(engine.scheduler.cohorts))
     assert len(long_prompt) - len(requests[0][0]) - 3 > MAX_WAIT + 1 and max(batches) == 1
     for (prompt, sampling), (_, collected) in zip(requests, jobs, strict=True):
         options = {"temperature": sampling.temperature, "seed": sampling.seed, "max_length": CONTEXT}
@@ -356,14 +359,14 @@ def test_holes_are_dropped_before_the_step_where_the_state_grows():
     """Two of eight rows end early: their holes (a quarter of the rest) are stepped until the batch reaches
     a position where a Toeplitz state doubles its history, and dropped just before that step."""
     network = model("tnn").double().eval()
-    engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=64, prefix_min=0)
+    engine = Engine(network, TOKEN_BYTES, EngineConfig(context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=64, prefix_min=0))
     jobs = [submit(engine, [1, 2, 3, 4], Sampling(max_tokens=2 if k < 2 else 30, temperature=0.7, seed=k)) for k in range(8)]
     seen = []  # (position, rows) after each iteration
     with torch.no_grad():
-        while engine.unfinished:
-            engine.iteration()
-            seen += [(cohort.position, len(cohort.rows)) for cohort in engine.cohorts if cohort.rows]  # once the prompts landed
-    growth = next(position for position in range(7, CONTEXT) if engine.sizes.grows_at(position))
+        while engine.scheduler.unfinished:
+            engine.step()
+            seen += [(cohort.position, len(cohort.rows)) for cohort in engine.scheduler.cohorts if cohort.rows]  # once the prompts landed
+    growth = next(position for position in range(7, CONTEXT) if engine.scheduler.sizes.grows_at(position))
     assert [rows for position, rows in seen if position < growth] and {rows for position, rows in seen if position < growth} == {8}
     assert [rows for position, rows in seen if position == growth] == [6]
     for job, collected in jobs:
@@ -375,9 +378,9 @@ def test_holes_are_dropped_before_the_step_where_the_state_grows():
 
 def test_a_full_engine_refuses_and_frees_its_room_when_requests_end_or_are_cancelled():
     network = model("tnn").eval()
-    probe = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=4, max_state_memory=10**10, prefix_min=0)
-    need = probe.row_bytes(10, 20)
-    engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=4, max_state_memory=2 * need, prefix_min=0)
+    probe = Engine(network, TOKEN_BYTES, EngineConfig(context=CONTEXT, max_batch=4, max_state_memory=10**10, prefix_min=0))
+    need = probe.scheduler.sizes.row_bytes(10, 20)
+    engine = Engine(network, TOKEN_BYTES, EngineConfig(context=CONTEXT, max_batch=4, max_state_memory=2 * need, prefix_min=0))
     first, _ = submit(engine, [1] * 10, Sampling(max_tokens=20))
     submit(engine, [2] * 10, Sampling(max_tokens=20))
     with pytest.raises(Busy, match="full"):
@@ -392,7 +395,7 @@ def test_a_full_engine_refuses_and_frees_its_room_when_requests_end_or_are_cance
     assert third.done.wait(30) and len(third.tokens[0]) == 20
     engine.stop()
     thread.join(5)
-    assert engine.rows == 0 and engine.reserved == 0
+    assert engine.scheduler.rows == 0 and engine.scheduler.reserved == 0
 
 
 def submit_when_room(engine, prompt, sampling, attempts: int = 200):
@@ -406,7 +409,7 @@ def submit_when_room(engine, prompt, sampling, attempts: int = 200):
 
 def test_a_prompt_that_starts_with_a_cached_one_resumes_from_its_state():
     network = model("tnn").double().eval()
-    engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=16, prefix_min=32)
+    engine = Engine(network, TOKEN_BYTES, EngineConfig(context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=16, prefix_min=32))
     calls = model_calls(network)
     thread = running(engine)
     prompt = torch.randint(0, 20, (64,)).tolist()
@@ -433,12 +436,12 @@ def test_a_cached_prompt_shorter_than_a_chunk_is_read_again_to_join_the_batch(ch
     than a chunk whose state lands on no running batch). Under a chunk of 4 the new prompt
     takes three iterations, the cached state lands on its batch, and it resumes."""
     network = model("tnn").double().eval()
-    engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=chunk, prefix_min=8)
+    engine = Engine(network, TOKEN_BYTES, EngineConfig(context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=chunk, prefix_min=8))
     cached = list(range(1, 11))
     submit(engine, cached, Sampling(max_tokens=2))
     with torch.no_grad():
-        while engine.unfinished:
-            engine.iteration()
+        while engine.scheduler.unfinished:
+            engine.step()
     calls = model_calls(network)
     requests = [
         (list(range(3, 15)), Sampling(max_tokens=6, temperature=0.7, seed=1)),
@@ -446,8 +449,8 @@ def test_a_cached_prompt_shorter_than_a_chunk_is_read_again_to_join_the_batch(ch
     ]
     jobs = [submit(engine, *request) for request in requests]
     with torch.no_grad():
-        while engine.unfinished:
-            engine.iteration()
+        while engine.scheduler.unfinished:
+            engine.step()
     assert engine.metrics.prefix_hits._value.get() == int(resumed)
     assert max(batch for batch, tokens in calls if tokens == 1) == 2  # one batch: both rows stepped in one call
     assert {batch for batch, tokens in calls if tokens > 1} == {1 if resumed else 2}  # the new prompt's chunks, or both prompts'
@@ -458,7 +461,7 @@ def test_a_cached_prompt_shorter_than_a_chunk_is_read_again_to_join_the_batch(ch
 
 def test_a_model_failure_fails_the_running_requests_and_the_engine_goes_on():
     network = model("tnn").eval()
-    engine = Engine(network, TOKEN_BYTES, context=CONTEXT, max_batch=8, max_state_memory=10**10, prefix_min=0)
+    engine = Engine(network, TOKEN_BYTES, EngineConfig(context=CONTEXT, max_batch=8, max_state_memory=10**10, prefix_min=0))
     original = network.forward
 
     def failing(tokens, *args, **kwargs):
@@ -475,7 +478,7 @@ def test_a_model_failure_fails_the_running_requests_and_the_engine_goes_on():
     assert served.done.wait(30) and served.failed is None and len(served.tokens[0]) == 5
     engine.stop()
     thread.join(5)
-    assert engine.rows == 0 and engine.reserved == 0
+    assert engine.scheduler.rows == 0 and engine.scheduler.reserved == 0
 
 
 @pytest.mark.parametrize("moment", ["queued", "reading", "joining"])
@@ -483,24 +486,25 @@ def test_a_request_cancelled_while_its_prompt_is_read_frees_its_room(moment):
     """Cancelled while queued, while its prompt is read, or as the read prompt joins its batch (after the
     engine looked for cancelled requests in that iteration): its rows and bytes come back, and the
     request beside it completes."""
-    engine = Engine(model("tnn").eval(), TOKEN_BYTES, context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=4, prefix_min=0)
+    config = EngineConfig(context=CONTEXT, max_batch=8, max_state_memory=10**10, chunk=4, prefix_min=0)
+    engine = Engine(model("tnn").eval(), TOKEN_BYTES, config)
     _, kept = submit(engine, [1] * 12, Sampling(max_tokens=20))
     cancelled, _ = submit(engine, [2] * 10, Sampling(max_tokens=3, n=2))
-    join = engine._join
+    join = engine.runner.join
 
-    def joining(prefills):
-        if moment == "joining" and any(cancelled in prefill.jobs for prefill in prefills):
+    def joining(step):
+        if moment == "joining" and any(cancelled in prefill.jobs for prefill, _ in step.parts):
             cancelled.cancel()
-        join(prefills)
+        join(step)
 
-    engine._join = joining
+    engine.runner.join = joining
     with torch.no_grad():
         if moment == "queued":
             cancelled.cancel()
         for iteration in range(100):
-            engine.iteration()
+            engine.step()
             if moment == "reading" and iteration == 1:
                 cancelled.cancel()
-            if not engine.unfinished:
+            if not engine.scheduler.unfinished:
                 break
-    assert len(kept.tokens[0]) == 20 and engine.rows == 0 and engine.reserved == 0
+    assert len(kept.tokens[0]) == 20 and engine.scheduler.rows == 0 and engine.scheduler.reserved == 0

@@ -180,8 +180,8 @@ def serve_records(args, revision: str | None, keep) -> list[dict]:
 
 
 def _records(args, revision: str | None, keep, clients: ClientsProcess) -> list[dict]:
-    from ..serve.engine import StateSizes
     from ..serve.launch import ServerProcess
+    from ..serve.memory import StateSizes
 
     records: list[dict] = []
     # as ``tokenmix serve`` by default: one core left to its HTTP event loop and, unpinned, to the clients

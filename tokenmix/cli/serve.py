@@ -139,14 +139,10 @@ def run_serve(args) -> int:
         if args.max_choices > args.max_batch:
             raise ValueError(f"--max-choices ({args.max_choices}) must be at most --max-batch ({args.max_batch})")
         api_key = args.api_key or os.environ.get(API_KEY_VARIABLE) or None
-    context = args.max_prompt_tokens + args.max_tokens
-    say(f"measuring state sizes up to {context} tokens")
-    options = {"context": context, "max_batch": args.max_batch, "max_state_memory": args.max_state_memory, "chunk": args.chunk}
-    options["prefix_min"] = args.prefix_cache_min
-    options["prefill_threads"] = args.prefill_threads or available_cpus()
-    settings = {"served": args.checkpoint, "device": args.device, "precision": args.precision, "threads": threads, "engine": options}
+    config = serve_config(args, threads)
+    say(f"measuring state sizes up to {config.engine.context} tokens")
     with user_input():
-        engine = EngineProcess(settings, restarts=args.engine_restarts, report=say)
+        engine = EngineProcess(config, restarts=args.engine_restarts, report=say)
     app = create_app(engine, tokenizer, args.model_name or name, api_key=api_key, limits=limits)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
     server = DrainingServer(config, engine, args.drain_timeout)
@@ -160,6 +156,21 @@ def run_serve(args) -> int:
         say(f"error: {server.failure}")
         return 1
     return 0
+
+
+def serve_config(args, threads: int):
+    """The engine process's ``ServeConfig`` from the command's options."""
+    from ..serve.config import EngineConfig, ServeConfig
+
+    engine = EngineConfig(
+        context=args.max_prompt_tokens + args.max_tokens,
+        max_batch=args.max_batch,
+        max_state_memory=args.max_state_memory,
+        chunk=args.chunk,
+        prefix_min=args.prefix_cache_min,
+        prefill_threads=args.prefill_threads or available_cpus(),
+    )
+    return ServeConfig(served=args.checkpoint, device=args.device, precision=args.precision, threads=threads, engine=engine)
 
 
 def say(line: str) -> None:

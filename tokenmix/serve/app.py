@@ -23,7 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from .engine import Busy, Failed, Token, Unavailable
+from .jobs import Busy, Failed, Token, Unavailable
 from .remote import EngineProcess, EngineStopped, RemoteJob, Restarting
 from .requests import ApiError, Completion, Limits, parse_completion
 
@@ -116,17 +116,120 @@ class Choices:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "total_tokens": total}
 
 
-def create_app(engine: EngineProcess, tokenizer, model_id: str, *, api_key: str | None = None, limits: Limits | None = None) -> FastAPI:
-    """The app serving ``engine`` (started and stopped by the caller) as model ``model_id``."""
-    from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+class Authorization:
+    """Checks ``Authorization: Bearer KEY`` where the server has an API key (401 otherwise)."""
 
-    limits = limits or Limits()
-    app = FastAPI(title="tokenmix serve", docs_url=None, redoc_url=None, openapi_url=None)
-    created = int(time.time())
-    vocab_size = engine.vocab_size
-    own = CollectorRegistry()  # this process's CPU and memory; the engine's process reports its own
-    ProcessCollector(namespace="tokenmix_http", registry=own)
-    mailboxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # by event loop: the server's one (tests may run others)
+    def __init__(self, api_key: str | None):
+        self.api_key = api_key
+
+    def __call__(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+            raise ApiError(401, "a valid API key is required: send the header Authorization: Bearer KEY", code="invalid_api_key")
+
+
+class Completions:
+    """``POST /v1/completions``: a request's prompts submitted to ``engine`` as jobs, their events collected
+    into one answer or streamed as server-sent events."""
+
+    def __init__(self, engine: EngineProcess, tokenizer, model_id: str, limits: Limits):
+        self.engine, self.tokenizer, self.model_id, self.limits = engine, tokenizer, model_id, limits
+        self.mailboxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # by event loop: the server's one (tests may run others)
+
+    async def answer(self, request: Request):
+        limits = self.limits
+        raw = await read_body(request, limits.max_request_bytes)
+        completion = parse_completion(raw, self.model_id, self.tokenizer, self.engine.vocab_size, limits)
+        events: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        mailbox = self.mailboxes.get(loop) or self.mailboxes.setdefault(loop, Mailbox(loop))
+        jobs = []
+        for base, prompt in enumerate(completion.prompts):
+
+            def emit(event, base=base * completion.sampling.n):
+                mailbox.post(events, (base, event))
+
+            jobs.append(RemoteJob(prompt, completion.sampling, emit))
+        await self.submit(jobs)
+        answer = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": self.model_id}
+        choices = Choices(completion)
+        if completion.stream:
+            return StreamingResponse(self.stream(jobs, events, answer, choices, completion.include_usage), media_type="text/event-stream")
+        try:
+            await self.collect(request, events, choices)
+        finally:
+            for job in jobs:
+                self.engine.cancel(job)  # no-op for finished jobs; frees the rows of a client that went away
+        answer["choices"] = [
+            {
+                "text": choices.text[i],
+                "index": i,
+                "logprobs": choices.logprobs[i] if completion.sampling.logprobs is not None else None,
+                "finish_reason": choices.reason[i],
+            }
+            for i in range(len(choices.text))
+        ]
+        return {**answer, "usage": choices.usage()}
+
+    async def submit(self, jobs: list[RemoteJob]) -> None:
+        for index, job in enumerate(jobs):
+            try:
+                await self.engine.submit(job)
+            except (Busy, Unavailable, ValueError) as error:
+                for earlier in jobs[:index]:
+                    self.engine.cancel(earlier)
+                if isinstance(error, Busy):
+                    raise ApiError(429, str(error), code="server_full", headers={"Retry-After": str(error.retry_after)}) from None
+                if isinstance(error, Restarting):
+                    raise ApiError(503, str(error), code="engine_restarting", headers={"Retry-After": str(error.retry_after)}) from None
+                if isinstance(error, Unavailable):
+                    raise ApiError(503, str(error), code="shutting_down") from None
+                raise ApiError(400, str(error), "max_tokens") from None
+
+    @staticmethod
+    async def next_event(events: asyncio.Queue, timeout: float):
+        base, event = await asyncio.wait_for(events.get(), timeout)
+        if isinstance(event, Failed):
+            raise failure(event)
+        return base, event
+
+    async def collect(self, request: Request, events: asyncio.Queue, choices: Choices) -> None:
+        while None in choices.reason:
+            try:
+                base, event = await self.next_event(events, DISCONNECT_POLL)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    return
+                continue
+            choices.add(base + event.choice, event)
+
+    async def stream(self, jobs: list[RemoteJob], events: asyncio.Queue, answer: dict, choices: Choices, include_usage: bool):
+        """One event per token; the events that came while the last were sent go out in one write."""
+        head = json.dumps(answer)[:-1] + ', "choices": ['  # the answer's fields, then each chunk's choice
+        try:
+            while None in choices.reason:
+                pending = [await events.get()]
+                while not events.empty():
+                    pending.append(events.get_nowait())
+                lines = []
+                for base, event in pending:
+                    if isinstance(event, Failed):
+                        yield "".join(lines) + f"data: {json.dumps(failure(event).body())}\n\n"
+                        return
+                    lines.append(f"data: {head}{json.dumps(choices.add(base + event.choice, event))}]}}\n\n")
+                yield "".join(lines)
+            if include_usage:
+                yield f"data: {json.dumps({**answer, 'choices': [], 'usage': choices.usage()})}\n\n"
+            yield "data: [DONE]\n\n"
+        finally:
+            for job in jobs:
+                self.engine.cancel(job)  # a client that disconnects mid-stream frees its rows at the next iteration
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Every error as OpenAI's JSON error object with its status."""
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError):
@@ -140,12 +243,14 @@ def create_app(engine: EngineProcess, tokenizer, model_id: str, *, api_key: str 
     async def validation_error(request: Request, error: RequestValidationError):
         return error_response(ApiError(400, str(error)))
 
-    def authorize(request: Request) -> None:
-        if api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-            raise ApiError(401, "a valid API key is required: send the header Authorization: Bearer KEY", code="invalid_api_key")
+
+def add_info_routes(app: FastAPI, engine: EngineProcess, model_id: str, authorize: Authorization) -> None:
+    """``/health``, ``/metrics`` (the engine's process's and this one's), ``/v1/models`` and the page at ``/``."""
+    from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+
+    created = int(time.time())
+    own = CollectorRegistry()  # this process's CPU and memory; the engine's process reports its own
+    ProcessCollector(namespace="tokenmix_http", registry=own)
 
     @app.get("/health")
     async def health():
@@ -170,92 +275,18 @@ def create_app(engine: EngineProcess, tokenizer, model_id: str, *, api_key: str 
     async def page():
         return resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8").replace("{{MODEL}}", model_id)
 
+
+def create_app(engine: EngineProcess, tokenizer, model_id: str, *, api_key: str | None = None, limits: Limits | None = None) -> FastAPI:
+    """The app serving ``engine`` (started and stopped by the caller) as model ``model_id``."""
+    app = FastAPI(title="tokenmix serve", docs_url=None, redoc_url=None, openapi_url=None)
+    authorize = Authorization(api_key)
+    add_error_handlers(app)
+    add_info_routes(app, engine, model_id, authorize)
+    completions = Completions(engine, tokenizer, model_id, limits or Limits())
+
     @app.post("/v1/completions")
-    async def completions(request: Request):
+    async def complete(request: Request):
         authorize(request)
-        completion = parse_completion(await read_body(request, limits.max_request_bytes), model_id, tokenizer, vocab_size, limits)
-        events: asyncio.Queue = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-        mailbox = mailboxes.get(loop) or mailboxes.setdefault(loop, Mailbox(loop))
-        jobs = []
-        for base, prompt in enumerate(completion.prompts):
-
-            def emit(event, base=base * completion.sampling.n):
-                mailbox.post(events, (base, event))
-
-            jobs.append(RemoteJob(prompt, completion.sampling, emit))
-        await submit(jobs)
-        answer = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": model_id}
-        choices = Choices(completion)
-        if completion.stream:
-            return StreamingResponse(stream(jobs, events, answer, choices, completion.include_usage), media_type="text/event-stream")
-        try:
-            await collect(request, jobs, events, choices)
-        finally:
-            for job in jobs:
-                engine.cancel(job)  # no-op for finished jobs; frees the rows of a client that went away
-        answer["choices"] = [
-            {
-                "text": choices.text[i],
-                "index": i,
-                "logprobs": choices.logprobs[i] if completion.sampling.logprobs is not None else None,
-                "finish_reason": choices.reason[i],
-            }
-            for i in range(len(choices.text))
-        ]
-        return {**answer, "usage": choices.usage()}
-
-    async def submit(jobs: list[RemoteJob]) -> None:
-        for index, job in enumerate(jobs):
-            try:
-                await engine.submit(job)
-            except (Busy, Unavailable, ValueError) as error:
-                for earlier in jobs[:index]:
-                    engine.cancel(earlier)
-                if isinstance(error, Busy):
-                    raise ApiError(429, str(error), code="server_full", headers={"Retry-After": str(error.retry_after)}) from None
-                if isinstance(error, Restarting):
-                    raise ApiError(503, str(error), code="engine_restarting", headers={"Retry-After": str(error.retry_after)}) from None
-                if isinstance(error, Unavailable):
-                    raise ApiError(503, str(error), code="shutting_down") from None
-                raise ApiError(400, str(error), "max_tokens") from None
-
-    async def next_event(events: asyncio.Queue, timeout: float):
-        base, event = await asyncio.wait_for(events.get(), timeout)
-        if isinstance(event, Failed):
-            raise failure(event)
-        return base, event
-
-    async def collect(request: Request, jobs: list[RemoteJob], events: asyncio.Queue, choices: Choices) -> None:
-        while None in choices.reason:
-            try:
-                base, event = await next_event(events, DISCONNECT_POLL)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    return
-                continue
-            choices.add(base + event.choice, event)
-
-    async def stream(jobs: list[RemoteJob], events: asyncio.Queue, answer: dict, choices: Choices, include_usage: bool):
-        """One event per token; the events that came while the last were sent go out in one write."""
-        head = json.dumps(answer)[:-1] + ', "choices": ['  # the answer's fields, then each chunk's choice
-        try:
-            while None in choices.reason:
-                pending = [await events.get()]
-                while not events.empty():
-                    pending.append(events.get_nowait())
-                lines = []
-                for base, event in pending:
-                    if isinstance(event, Failed):
-                        yield "".join(lines) + f"data: {json.dumps(failure(event).body())}\n\n"
-                        return
-                    lines.append(f"data: {head}{json.dumps(choices.add(base + event.choice, event))}]}}\n\n")
-                yield "".join(lines)
-            if include_usage:
-                yield f"data: {json.dumps({**answer, 'choices': [], 'usage': choices.usage()})}\n\n"
-            yield "data: [DONE]\n\n"
-        finally:
-            for job in jobs:
-                engine.cancel(job)  # a client that disconnects mid-stream frees its rows at the next iteration
+        return await completions.answer(request)
 
     return app

@@ -13,6 +13,19 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 RATE_WINDOW = 5.0  # seconds over which tokens per second is averaged
 
 
+class PhaseClock:
+    """Adds the time since its last lap to ``counter`` under a phase label, one of ``ENGINE_PHASES``
+    (``ServeMetrics.engine_seconds``)."""
+
+    def __init__(self, counter):
+        self.counter, self.last = counter, time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.counter.labels(phase).inc(now - self.last)
+        self.last = now
+
+
 class ServeMetrics:
     """Counters, gauges and latency histograms of one server, updated by its engine."""
 

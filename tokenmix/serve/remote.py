@@ -28,7 +28,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
 from ..fields import Integer
-from .engine import Busy, Failed, Finished, Job, Sampling, Unavailable
+from .config import ServeConfig
+from .jobs import Busy, Failed, Finished, Job, Sampling, Unavailable
 
 STARTUP_SECONDS = 600  # loading the model and measuring its state sizes
 RESTART_WINDOW = 60  # seconds: the engine has failed when its process dies more than ``restarts`` times within it
@@ -79,13 +80,13 @@ class EngineChild:
     ``Busy``, ``Unavailable`` or ValueError as ``Engine.submit`` does), ``cancel``, ``ask``, ``read`` (until
     the process goes), ``close`` (fail what still runs), ``stop``."""
 
-    def __init__(self, settings: dict):
+    def __init__(self, config: ServeConfig):
         context = multiprocessing.get_context("spawn")
         self.requests, child_requests = context.Pipe(duplex=False)[::-1]  # (send end here, receive end there)
         child_events, self.events = context.Pipe(duplex=False)[::-1]
         # a daemon: ended at this process's exit whatever happens (a clean stop first asks it to end)
         self.process = context.Process(
-            target=serve_engine, args=(child_requests, child_events, settings), name="tokenmix-engine", daemon=True
+            target=serve_engine, args=(child_requests, child_events, config), name="tokenmix-engine", daemon=True
         )
         self.process.start()
         self.pid = self.process.pid
@@ -99,7 +100,7 @@ class EngineChild:
 
     def wait_ready(self) -> None:
         """Wait until the engine is loaded (its ``vocab_size`` set); ValueError when the child refused its
-        settings, RuntimeError when it exited or took too long."""
+        configuration, RuntimeError when it exited or took too long."""
         if not self.events.poll(STARTUP_SECONDS):
             self.process.kill()
             raise RuntimeError(f"the engine process did not start within {STARTUP_SECONDS} s")
@@ -227,16 +228,16 @@ class EngineProcess:
     engine dies). ``submit``, ``cancel``, ``drain``, ``idle``, ``metrics_text``, ``health``, ``stop``;
     ``report(line)`` hears of each restart."""
 
-    def __init__(self, settings: dict, *, restarts: int, report: Callable[[str], None] | None = None):
+    def __init__(self, config: ServeConfig, *, restarts: int, report: Callable[[str], None] | None = None):
         self.allowed = Integer(0).check(restarts, "restarts")
-        self.settings, self.report = settings, report or (lambda line: None)
+        self.config, self.report = config, report or (lambda line: None)
         self.lock = threading.Lock()
         self.state = "ok"  # then "restarting", back to "ok"; or "draining", "stopped", "failed"
         self.restarts, self.last_exit_code, self.cause = 0, None, ""
         self.deaths: deque[tuple[float, int | None]] = deque()  # (time, exit code) within the window
         self.failure: str | None = None
         self.failure_callback: Callable[[str], None] | None = None
-        self.child = EngineChild(settings)
+        self.child = EngineChild(config)
         began = time.monotonic()
         self.child.wait_ready()
         self.startup_seconds = time.monotonic() - began
@@ -315,14 +316,14 @@ class EngineProcess:
         while self.state == "restarting":
             self.report(f"the engine process died ({self.cause}); restarting it (restart {self.restarts}, at most {self.allowed} a minute)")
             began = time.monotonic()
-            child = EngineChild(self.settings)
+            child = EngineChild(self.config)
             with self.lock:
                 self.child, stopping = child, self.state == "stopped"  # /health shows its pid; stop() stops it
             if stopping:  # stop() came while it was spawned
                 child.stop()
             try:
                 child.wait_ready()
-            except (ValueError, RuntimeError) as error:  # it exited, refused its settings or took too long
+            except (ValueError, RuntimeError) as error:  # it exited, refused its configuration or took too long
                 message = self._died(child.process.exitcode, "" if isinstance(error, EngineExited) else str(error))
                 child.close(message)
                 continue
@@ -364,7 +365,7 @@ class EngineProcess:
             return f"the engine process died ({self.cause}) and is being restarted: retry in a few seconds"
 
 
-def serve_engine(requests, events, settings: dict) -> None:
+def serve_engine(requests, events, config: ServeConfig) -> None:
     """The child: load the model, build the engine and run it in this process's main thread while another
     answers the server (``listen``), until the server says stop or goes away. The engine runs in the
     main thread because glibc serves a thread's allocations from heaps of at most 64 MB and maps every
@@ -380,12 +381,12 @@ def serve_engine(requests, events, settings: dict) -> None:
 
     retain_freed_memory()
     try:
-        set_threads(settings["threads"])
-        run = open_run(settings["served"], device=settings["device"])
-        check_servable(run, settings["served"])
+        set_threads(config.threads)
+        run = open_run(config.served, device=config.device)
+        check_servable(run, config.served)
         model, tokenizer = run.model, run.tokenizer
-        model.precision = settings["precision"]
-        engine = Engine(model, tokenizer.token_bytes, **settings["engine"])
+        model.precision = config.precision
+        engine = Engine(model, tokenizer.token_bytes, config.engine)
     except (ValueError, RuntimeError) as error:
         events.send(("error", str(error)))
         return
@@ -393,7 +394,7 @@ def serve_engine(requests, events, settings: dict) -> None:
     events.send(("ready", model.config.vocab_size))
     listener = threading.Thread(target=listen, args=(requests, engine, outbox), name="tokenmix-requests", daemon=True)
     listener.start()
-    engine.run(after_iteration=outbox.flush)
+    engine.run(after_step=outbox.flush)
 
 
 def listen(requests, engine, outbox: Outbox) -> None:

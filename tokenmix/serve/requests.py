@@ -10,7 +10,7 @@ import json
 import secrets
 from dataclasses import dataclass
 
-from .engine import Sampling
+from .jobs import Sampling
 
 MAX_STOPS = 4
 MAX_LOGPROBS = 20

@@ -1,0 +1,44 @@
+"""What a row's streaming state weighs: measured once on the model, read by admission (the memory budget)
+and by compaction (where a state grows)."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import torch
+
+from .plan import PAD_FLOOR
+
+
+class StateSizes:
+    """Bytes one row's state holds at a position, measured once on the model itself: a row streamed
+    to each power of two up to ``context`` (each bound holds every position below it, capacity and
+    cache growth included)."""
+
+    def __init__(self, model, context: int, device):
+        self.context = context
+        self.bounds: list[tuple[int, int]] = []
+        length = 1
+        with torch.no_grad():
+            while True:
+                length = min(length, context)
+                state = model.init_state(1, max_length=context, device=device)
+                _, state = model(torch.zeros(1, length, dtype=torch.long, device=device), state=state, return_state=True)
+                self.bounds.append((length, state.nbytes()))
+                if length == context:
+                    break
+                length *= 2
+
+    def at(self, position: int) -> int:
+        """Bytes of one row up to ``position`` (at most the context)."""
+        return next((size for bound, size in self.bounds if bound >= position), self.bounds[-1][1])
+
+    def grows_at(self, position: int) -> bool:
+        """Whether a state reaching ``position`` grows there: a bound holding more bytes than the one before
+        (a Toeplitz state doubles its history on the step to each power of two; a fixed-size state never grows)."""
+        return any(bound == position and size > before for (_, before), (bound, size) in pairwise(self.bounds))
+
+    def row_bytes(self, prompt: int, max_tokens: int) -> int:
+        """The most a row of this prompt and completion may hold, whatever padding it is given."""
+        padded = prompt + max_tokens + max(PAD_FLOOR, prompt + max_tokens)
+        return self.at(min(padded, self.context))
