@@ -31,7 +31,8 @@ ENVIRONMENT = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def launch(processes: int, *arguments: str) -> subprocess.CompletedProcess:
-    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)] if processes > 1 else []
+    """``torchrun --standalone --nproc-per-node processes *arguments``."""
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)]
     return subprocess.run([sys.executable, *launcher, *arguments], capture_output=True, text=True, timeout=600, env=ENVIRONMENT)
 
 
