@@ -134,9 +134,12 @@ def metrics(out: Path) -> list[dict]:
 
 def train(out: Path, model: str, *flags: str) -> list[dict]:
     """``tokenmix train`` in this process (one process needs no launch of its own): the run's metrics records."""
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        status = main(train_arguments(out, model, *flags))
+    stdout, stderr, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            status = main(train_arguments(out, model, *flags))
+    finally:
+        torch.set_num_threads(threads)  # --threads 1 set it for this run alone
     assert status == 0, stdout.getvalue()[-3000:] + stderr.getvalue()[-3000:]
     return metrics(out)
 
