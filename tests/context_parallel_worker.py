@@ -1,5 +1,6 @@
-"""Run under torchrun (gloo): every registered model and task, split over the processes by context
-parallelism, against the same model in one process. Rank 0 writes one JSON record per (model, task, dtype)."""
+"""Run under torchrun (gloo): every registered model and task, split over all the processes by context
+parallelism and then over processes 0 and 1 alone, against the same model in one process. Rank 0 writes
+{number of processes: one JSON record per (model, task, dtype)}."""
 
 from __future__ import annotations
 
@@ -47,13 +48,13 @@ def tasks_of(name: str) -> tuple[str, ...]:
     return VARIANTS[name][2] if name in VARIANTS else model_spec(name).tasks
 
 
-def compare(name: str, task: str, dtype: torch.dtype, shard_of) -> dict:
+def compare(name: str, task: str, dtype: torch.dtype, group) -> dict:
     torch.manual_seed(0)
     # classification pools the mean (first or last would leave some weights a gradient of rounding noise alone)
     head = {"num_classes": 3, "pool": "mean"} if task == "classify" else {}
     name, options = VARIANTS[name][:2] if name in VARIANTS else (name, small_options(name))
     model = tokenmix.build_model(name, task=task, vocab_size=20, dim=8, depth=2, dropout=0.0, **head, **options).to(dtype)
-    processes = dist.get_world_size()
+    processes = dist.get_world_size(group)
     problems = context_parallel_problems(model, processes)
     if problems:
         return {"problems": problems}
@@ -78,7 +79,7 @@ def compare(name: str, task: str, dtype: torch.dtype, shard_of) -> dict:
     expected = {key: parameter.grad.clone() for key, parameter in model.named_parameters() if parameter.grad is not None}
     model.zero_grad()
 
-    shard = shard_of(LENGTH)
+    shard = ContextShard(group, dist.get_rank(group), processes, LENGTH)
     span = slice(shard.start, shard.stop)
     local = context_parallel_logits(model, tokens, mask, shard)
     local_loss = loss_of(local, span)
@@ -88,12 +89,12 @@ def compare(name: str, task: str, dtype: torch.dtype, shard_of) -> dict:
     else:
         errors = {"logits": relative_error(local[mask[:, span]], logits[:, span][mask[:, span]])}
     loss = local_loss.detach().clone()
-    dist.all_reduce(loss)
+    dist.all_reduce(loss, group=group)
     errors["loss"] = relative_error(loss, loss_of(logits, slice(None)).detach())
     gradient_errors = {}
     for key, parameter in model.named_parameters():
         grad = parameter.grad if parameter.grad is not None else torch.zeros_like(parameter)
-        dist.all_reduce(grad)
+        dist.all_reduce(grad, group=group)
         gradient_errors[key] = relative_error(grad, expected.get(key, torch.zeros_like(parameter)))
     errors["gradients"] = max(gradient_errors.values())
     worst = max(gradient_errors, key=gradient_errors.get)
@@ -108,7 +109,7 @@ def compare(name: str, task: str, dtype: torch.dtype, shard_of) -> dict:
         errors |= stream_errors(model, tokens, targets, shard)
     for key, value in errors.items():
         value = torch.tensor(value, dtype=torch.float64)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
         errors[key] = float(value)
     return {**errors, "worst_gradient": worst}
 
@@ -134,7 +135,7 @@ def stream_errors(model, tokens: torch.Tensor, targets: torch.Tensor, shard: Con
     torch.nn.functional.cross_entropy(local.flatten(0, 1), targets[:, span].flatten(), reduction="sum").div(total).backward()
     gradient_errors = []
     for key, parameter in model.named_parameters():
-        dist.all_reduce(parameter.grad)
+        dist.all_reduce(parameter.grad, group=shard.group)
         gradient_errors.append(relative_error(parameter.grad, expected[key]))
     memories = [relative_error(split.memory, whole.memory) for split, whole in zip(split_after.blocks, after.blocks, strict=True)]
     return {
@@ -147,17 +148,17 @@ def stream_errors(model, tokens: torch.Tensor, targets: torch.Tensor, shard: Con
 
 def main(output: str) -> None:
     dist.init_process_group("gloo")
-    rank, size = dist.get_rank(), dist.get_world_size()
-    group = dist.group.WORLD
-
-    def shard_of(length: int) -> ContextShard:
-        return ContextShard(group, rank, size, length)
-
-    records = []
-    for name in [*tokenmix.list_models(), *VARIANTS]:
-        for task in [task for task in ("lm", "mlm", "classify") if task in tasks_of(name)]:
-            for dtype in (torch.float64, torch.float32):
-                records.append({"model": name, "task": task, "dtype": str(dtype), **compare(name, task, dtype, shard_of)})
+    rank = dist.get_rank()
+    groups = {dist.get_world_size(): dist.group.WORLD, 2: dist.new_group([0, 1])}  # every process joins each new group
+    records = {}
+    for size, group in groups.items():
+        if rank >= size:
+            continue  # the others wait at the barrier
+        records[size] = []
+        for name in [*tokenmix.list_models(), *VARIANTS]:
+            for task in [task for task in ("lm", "mlm", "classify") if task in tasks_of(name)]:
+                for dtype in (torch.float64, torch.float32):
+                    records[size].append({"model": name, "task": task, "dtype": str(dtype), **compare(name, task, dtype, group)})
     if rank == 0:
         with open(output, "w") as file:
             json.dump(records, file, indent=1)

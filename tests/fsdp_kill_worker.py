@@ -12,7 +12,8 @@ import tokenmix.train.checkpointing
 from tokenmix.train.config import TrainConfig
 from tokenmix.train.loop import Trainer
 
-config = TrainConfig(dim=16, depth=2, seq_len=64, batch_size=2, steps=8, threads=1, fsdp=True, save_every="1000", out=sys.argv[1])
+small = {"options": {"rpe_dim": 8}, "eval_tokens": 1024, "final_eval_tokens": 1024}  # the resume's final evaluation too
+config = TrainConfig(dim=16, depth=2, seq_len=64, batch_size=2, steps=8, threads=1, fsdp=True, save_every="1000", out=sys.argv[1], **small)
 trainer = Trainer(config, progress=False)
 for _ in range(2):
     trainer.train_step()

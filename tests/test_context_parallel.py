@@ -1,8 +1,10 @@
 """Context parallelism (``tokenmix.parallel``): every model, its sequences split over 2 and 4 torchrun
-processes (gloo), against the same model in one process (``context_parallel_worker.py``)."""
+processes (gloo; one launch of 4), against the same model in one process (``context_parallel_worker.py``)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -14,28 +16,32 @@ import torch
 from context_parallel_worker import VARIANTS, tasks_of  # VARIANTS: models with another mixer (bidirectional FNet)
 
 import tokenmix
+from tokenmix.cli import main
 from tokenmix.models.config import POOLS
 from tokenmix.models.model import pool_hidden, pooling_weights
 from tokenmix.models.registry import model_spec
 from tokenmix.parallel import ContextShard, context_parallel_logits, context_parallel_problems, shard_bounds
 
 WORKER = Path(__file__).with_name("context_parallel_worker.py")
+CLI_WORKER = Path(__file__).with_name("torchrun_cli_worker.py")
 TOLERANCE = {"torch.float64": 1e-10, "torch.float32": 1e-5}  # relative, the issue's bar for "the same numbers"
 
 
-def torchrun(processes: int, output: Path) -> list[dict]:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes), str(WORKER), str(output)]
+@pytest.fixture(scope="module")
+def worker_records(tmp_path_factory) -> dict[str, list[dict]]:
+    """The worker's records by number of processes ("4", "2"), from one torchrun of 4 processes."""
+    output = tmp_path_factory.mktemp("context_parallel") / "records.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", str(WORKER), str(output)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return json.loads(output.read_text())
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda processes: f"{processes}_processes")
-def split_runs(request, tmp_path_factory) -> dict:
-    """The worker's records by model, from one torchrun of ``processes`` processes."""
-    records = torchrun(request.param, tmp_path_factory.mktemp("context_parallel") / "records.json")
+def split_runs(request, worker_records) -> dict:
+    """The worker's records by model, split over ``processes`` processes."""
     by_model = {}
-    for record in records:
+    for record in worker_records[str(request.param)]:
         by_model.setdefault(record["model"], []).append(record)
     return by_model
 
@@ -111,45 +117,75 @@ def test_a_sequence_shorter_than_the_group_is_refused():
         context_parallel_logits(model, torch.zeros(1, 3, dtype=torch.long), None, ContextShard(None, 0, 4, 3))
 
 
-TRAIN = ["--dim", "16", "--depth", "2", "--seq-len", "97", "--batch-size", "2", "--steps", "30", "--eval-every", "30"]
-TRAIN += ["--eval-tokens", "2048", "--final-eval-tokens", "2048", "--threads", "1", "--save-every", "30"]
+TRAIN = ["--dim", "16", "--depth", "2", "--seq-len", "97", "--batch-size", "2", "--steps", "12", "--eval-every", "12"]
+TRAIN += ["--eval-tokens", "2048", "--final-eval-tokens", "2048", "--threads", "1", "--save-every", "12"]
 SMALL_OPTIONS = {"tnn": ["-o", "rpe_dim=8"], "fd_tnn": ["-o", "rpe_dim=8"], "tcnca": ["-o", "chunk_size=16", "-o", "z_dim=8"]}
+TRAINED = ["tnn", "fd_tnn", "ski_tnn", "tcnca", "transformer", "transformer_xl"]
+LISTOPS = ["--data", "listops:max_length=120:train=64:val=32:test=8", "--task", "classify", "--batch-size", "4"]
 
 
-def train(out: Path, model: str, processes: int = 1, *flags: str) -> list[dict]:
-    """``tokenmix train`` (under torchrun with ``processes`` > 1): the run's metrics records."""
-    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)] if processes > 1 else []
-    command = [sys.executable, *launcher, "-m", "tokenmix.cli", "train", "--model", model, "--out", str(out), *TRAIN, *flags]
-    command += SMALL_OPTIONS.get(model, [])
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+def train_arguments(out: Path, model: str, *flags: str) -> list[str]:
+    return ["train", "--model", model, "--out", str(out), *TRAIN, *flags, *SMALL_OPTIONS.get(model, [])]
+
+
+def metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def train(out: Path, model: str, *flags: str) -> list[dict]:
+    """``tokenmix train`` in this process (one process needs no launch of its own): the run's metrics records."""
+    stdout, stderr, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            status = main(train_arguments(out, model, *flags))
+    finally:
+        torch.set_num_threads(threads)  # --threads 1 set it for this run alone
+    assert status == 0, stdout.getvalue()[-3000:] + stderr.getvalue()[-3000:]
+    return metrics(out)
+
+
+@pytest.fixture(scope="module")
+def split_trainings(tmp_path_factory) -> dict[str, list[dict]]:
+    """``torchrun --nproc-per-node 2 ... train --context-parallel 2`` of each model in ``TRAINED`` and of
+    ListOps classification ("classify"), one after the other in one launch (``torchrun_cli_worker.py``):
+    the metrics records of each run."""
+    root = tmp_path_factory.mktemp("split_trainings")
+    runs = {name: (name,) for name in TRAINED} | {"classify": ("tnn", *LISTOPS)}
+    commands = [
+        {"argv": train_arguments(root / run, *flags, "--context-parallel", "2"), "log": str(root / run)} for run, flags in runs.items()
+    ]
+    listing = root / "commands.json"
+    listing.write_text(json.dumps(commands))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(CLI_WORKER), str(listing)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    logs = "".join(path.read_text()[-2000:] for path in sorted(root.glob("*.rank*")))
+    assert result.returncode == 0, result.stderr[-3000:] + logs
+    return {run: metrics(root / run) for run in runs}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["tnn", "fd_tnn", "ski_tnn", "tcnca", "transformer", "transformer_xl"])
-def test_training_with_the_sequence_split_over_two_processes_follows_one_process(name, tmp_path):
+@pytest.mark.parametrize("name", TRAINED)
+def test_training_with_the_sequence_split_over_two_processes_follows_one_process(name, split_trainings, tmp_path):
     """``torchrun --nproc-per-node 2 ... train --context-parallel 2`` reads the batches of one process and
-    takes the same steps: every step's loss and the validation loss after 30 steps agree within 1e-4
+    takes the same steps: every step's loss and the validation loss after 12 steps agree within 1e-4
     (Transformer-XL: one stream of segments, its memory carried from step to step)."""
     alone = train(tmp_path / "one", name)
-    split = train(tmp_path / "split", name, 2, "--context-parallel", "2")
+    split = split_trainings[name]
     losses = [[record["loss"] for record in run if "split" not in record] for run in (alone, split)]
-    assert len(losses[0]) == len(losses[1]) == 30
+    assert len(losses[0]) == len(losses[1]) == 12
     assert max(abs(a - b) / abs(a) for a, b in zip(*losses, strict=True)) < 1e-4
     final = [run[-1]["loss"] for run in (alone, split)]
     assert abs(final[0] - final[1]) / final[0] < 1e-4
 
 
 @pytest.mark.slow
-def test_classification_with_the_sequence_split_follows_one_process(tmp_path):
+def test_classification_with_the_sequence_split_follows_one_process(split_trainings, tmp_path):
     """ListOps classification split over two processes: the pooled summary adds the shards' sums, every
-    process holds the class logits, and the 30 steps and the validation loss are those of one process."""
-    flags = ["--data", "listops:max_length=120:train=64:val=32:test=8", "--task", "classify", "--batch-size", "4"]
-    alone = train(tmp_path / "one", "tnn", 1, *flags)
-    split = train(tmp_path / "split", "tnn", 2, *flags, "--context-parallel", "2")
+    process holds the class logits, and the 12 steps and the validation loss are those of one process."""
+    alone = train(tmp_path / "one", "tnn", *LISTOPS)
+    split = split_trainings["classify"]
     losses = [[record["loss"] for record in run if "split" not in record] for run in (alone, split)]
-    assert len(losses[0]) == 30 and max(abs(a - b) / abs(a) for a, b in zip(*losses, strict=True)) < 1e-4
+    assert len(losses[0]) == 12 and max(abs(a - b) / abs(a) for a, b in zip(*losses, strict=True)) < 1e-4
     assert abs(alone[-1]["loss"] - split[-1]["loss"]) / alone[-1]["loss"] < 1e-4
 
 

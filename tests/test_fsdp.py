@@ -3,6 +3,8 @@ sharding changes where parameters live, not the steps taken."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -15,6 +17,7 @@ import torch
 from context_parallel_worker import small_options
 
 import tokenmix
+from tokenmix.cli import main
 from tokenmix.models.registry import list_models
 from tokenmix.runs import open_run
 from tokenmix.runs.checkpoint import load_checkpoint
@@ -24,26 +27,64 @@ TRAIN = ["--dim", "16", "--depth", "2", "--seq-len", "64", "--batch-size", "2", 
 TRAIN += ["--threads", "1", "--schedule", "inverse_sqrt", "--warmup", "2"]
 SMALL_TNN = ["-o", "rpe_dim=8"]  # the default model, tnn, made faster
 KILL_WORKER = Path(__file__).with_name("fsdp_kill_worker.py")
+CLI_WORKER = Path(__file__).with_name("torchrun_cli_worker.py")
 ENVIRONMENT = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def launch(processes: int, *arguments: str) -> subprocess.CompletedProcess:
-    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)] if processes > 1 else []
+    """``torchrun --standalone --nproc-per-node processes *arguments``."""
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)]
     return subprocess.run([sys.executable, *launcher, *arguments], capture_output=True, text=True, timeout=600, env=ENVIRONMENT)
 
 
-def train(out: Path, processes: int, *flags: str) -> dict:
-    """``tokenmix train`` (under torchrun with ``processes`` > 1): {"steps": losses by step, "val": the final validation loss}."""
-    model = [] if "--model" in flags else SMALL_TNN
-    result = launch(processes, "-m", "tokenmix.cli", "train", "--out", str(out), *TRAIN, *model, *flags)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "\nsample:\n" in result.stdout  # the default sample, printed by rank 0 alone (it once hung the job under FSDP)
+def run_cli(*arguments: str) -> tuple[int, str, str]:
+    """``tokenmix *arguments`` in this process (what one process reads or trains needs no process of its
+    own), on one thread as the launched processes are: (its exit status, stdout, stderr)."""
+    stdout, stderr, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            status = main(list(arguments))
+    finally:
+        torch.set_num_threads(threads)
+    return status, stdout.getvalue(), stderr.getvalue()
+
+
+def arguments_of(out: Path, flags: tuple[str, ...]) -> list[str]:
+    """``tokenmix train``'s arguments: ``TRAIN``, the small tnn unless ``flags`` name a model, then ``flags``."""
+    return ["train", "--out", str(out), *TRAIN, *([] if "--model" in flags else SMALL_TNN), *flags]
+
+
+def curve(out: Path, stdout: str) -> dict:
+    """A finished run's {"steps": losses by step, "val": the final validation loss}; ``stdout``: rank 0's output."""
+    assert "\nsample:\n" in stdout  # the default sample, printed by rank 0 alone (it once hung the job under FSDP)
     assert not (out / LOCK_FILE).exists()  # the job's lock went with it
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return {
         "steps": {record["step"]: record["loss"] for record in records if "split" not in record and "event" not in record},
         "val": [record["loss"] for record in records if record.get("final")][-1],
     }
+
+
+def train(out: Path, *flags: str) -> dict:
+    """``tokenmix train`` in this process (one process needs no launch of its own): its curve."""
+    status, stdout, stderr = run_cli(*arguments_of(out, flags))
+    assert status == 0, stdout[-3000:] + stderr[-3000:]
+    return curve(out, stdout)
+
+
+def train_under_torchrun(processes: int, runs: dict[Path, tuple[str, ...]]) -> dict[Path, dict]:
+    """``tokenmix train`` of each run folder with its flags, one after the other, in one torchrun launch of
+    ``processes`` processes (``torchrun_cli_worker.py``): the curve of each."""
+    commands = [{"argv": arguments_of(out, flags), "log": str(out) + ".log"} for out, flags in runs.items()]
+    listing = next(iter(runs)).parent / f"commands-{processes}.json"
+    listing.write_text(json.dumps(commands))
+    result = launch(processes, str(CLI_WORKER), str(listing))
+    logs = {out: [Path(f"{out}.log.rank{rank}") for rank in range(processes)] for out in runs}
+    assert result.returncode == 0, result.stderr[-3000:] + "".join(
+        log.read_text()[-2000:] for paths in logs.values() for log in paths if log.exists()
+    )
+    return {out: curve(out, logs[out][0].read_text()) for out in runs}
 
 
 def assert_same_curve(got: dict, want: dict, tolerance: float) -> None:
@@ -55,43 +96,55 @@ def assert_same_curve(got: dict, want: dict, tolerance: float) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
-    """20 steps of tnn with the default flags but sizes: DDP, context parallelism, and FSDP (with activation
-    checkpointing) on 2 processes, FSDP on dp 2 x cp 2."""
+    """The curves of the torchrun runs, two launches for all (4 processes, then 2), in folders under "root":
+    8 steps of tnn with the default flags but sizes: DDP, context parallelism, and FSDP (with activation
+    checkpointing) on 2 processes, FSDP on dp 2 x cp 2; Transformer-XL on DDP and FSDP, tnn in bf16 on DDP
+    and FSDP; 4 steps of FSDP over 4 processes splitting each sequence in 4 ("four"), resumed to step 8 by 2
+    splitting it in 2 ("resumed_2")."""
     root = tmp_path_factory.mktemp("fsdp")
-    steps = ["--steps", "20", "--eval-every", "20", "--save-every", "10"]
-    return {
-        "ddp": train(root / "ddp", 2, *steps),
-        "cp": train(root / "cp", 2, *steps, "--context-parallel", "2"),
-        "fsdp": train(root / "fsdp", 2, *steps, "--fsdp", "--activation-checkpointing"),
-        "fsdp_2d": train(root / "fsdp_2d", 4, *steps, "--fsdp", "--context-parallel", "2"),
-        "root": root,
+    steps = ("--steps", "8", "--eval-every", "8", "--save-every", "4")
+    xl = ("--model", "transformer_xl", "--seq-len", "32", "--steps", "6", "--eval-every", "6", "--save-every", "3")
+    bf16 = ("--steps", "6", "--eval-every", "6", "--precision", "bf16")
+    four = {
+        "fsdp_2d": (*steps, "--fsdp", "--context-parallel", "2"),
+        "four": ("--steps", "4", "--eval-every", "4", "--fsdp", "--context-parallel", "4"),
     }
+    curves = train_under_torchrun(4, {root / name: flags for name, flags in four.items()})
+    shutil.copytree(root / "four", root / "resumed_2")
+    two = {
+        "ddp": steps,
+        "cp": (*steps, "--context-parallel", "2"),
+        "fsdp": (*steps, "--fsdp", "--activation-checkpointing"),
+        "xl_ddp": xl,
+        "xl_fsdp": (*xl, "--fsdp", "--activation-checkpointing"),
+        "bf16_ddp": bf16,
+        "bf16_fsdp": (*bf16, "--fsdp"),
+        "resumed_2": ("--resume", "--steps", "8", "--context-parallel", "2"),
+    }
+    curves |= train_under_torchrun(2, {root / name: flags for name, flags in two.items()})
+    return {out.name: curve for out, curve in curves.items()} | {"root": root}
 
 
 @pytest.mark.slow
 def test_fsdp_takes_the_steps_of_ddp(runs):
-    """The same loss at each of 20 steps and the same validation loss: sharding is exact (float32 reductions in another order)."""
-    assert len(runs["fsdp"]["steps"]) == 20
+    """The same loss at each of 8 steps and the same validation loss: sharding is exact (float32 reductions in another order)."""
+    assert len(runs["fsdp"]["steps"]) == 8
     assert_same_curve(runs["fsdp"], runs["ddp"], 1e-5)
 
 
 @pytest.mark.slow
-def test_fsdp_trains_a_segment_recurrent_model_as_ddp_does(tmp_path):
+def test_fsdp_trains_a_segment_recurrent_model_as_ddp_does(runs):
     """Transformer-XL trains by ``step`` with its memory carried: FSDP gathers a block's weights for it too."""
-    flags = ["--model", "transformer_xl", "--seq-len", "32", "--steps", "6", "--eval-every", "6", "--save-every", "3"]
-    ddp = train(tmp_path / "ddp", 2, *flags)
-    assert_same_curve(train(tmp_path / "fsdp", 2, *flags, "--fsdp", "--activation-checkpointing"), ddp, 1e-5)
+    assert_same_curve(runs["xl_fsdp"], runs["xl_ddp"], 1e-5)
 
 
 @pytest.mark.slow
-def test_fsdp_in_bf16_gathers_half_weights_and_takes_the_steps_of_ddp_in_bf16(tmp_path):
+def test_fsdp_in_bf16_gathers_half_weights_and_takes_the_steps_of_ddp_in_bf16(runs):
     """FSDP2's mixed-precision policy (weights gathered in bf16, but the layer norms' and the TNO's, which
     compute in float32) against DDP under autocast, whose products see the same bf16 weights: the same curve
     to the norms' weights rounding."""
-    flags = ["--steps", "10", "--eval-every", "10", "--precision", "bf16"]
-    ddp = train(tmp_path / "ddp", 2, *flags)
-    assert_same_curve(train(tmp_path / "fsdp", 2, *flags, "--fsdp"), ddp, 1e-3)
-    assert load_checkpoint(tmp_path / "fsdp" / "checkpoint.pt")["train_config"]["precision"] == "bf16"
+    assert_same_curve(runs["bf16_fsdp"], runs["bf16_ddp"], 1e-3)
+    assert load_checkpoint(runs["root"] / "bf16_fsdp" / "checkpoint.pt")["train_config"]["precision"] == "bf16"
 
 
 @pytest.mark.slow
@@ -99,10 +152,10 @@ def test_fsdp_in_bf16_gathers_half_weights_and_takes_the_steps_of_ddp_in_bf16(tm
 def test_eval_and_generate_read_what_every_torchrun_layout_wrote(runs, run):
     """The default ``eval`` and ``generate`` of each run's directory, in one process: they end with a result."""
     folder = str(runs["root"] / run)
-    result = launch(1, "-m", "tokenmix.cli", "eval", folder)
-    assert result.returncode == 0 and " bpb " in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
-    result = launch(1, "-m", "tokenmix.cli", "generate", folder)
-    assert result.returncode == 0 and result.stdout.startswith("ROMEO."), result.stdout[-2000:] + result.stderr[-2000:]
+    status, stdout, stderr = run_cli("eval", folder)
+    assert status == 0 and " bpb " in stdout, stdout[-2000:] + stderr[-2000:]
+    status, stdout, stderr = run_cli("generate", folder)
+    assert status == 0 and stdout.startswith("ROMEO."), stdout[-2000:] + stderr[-2000:]
 
 
 @pytest.mark.slow
@@ -117,9 +170,9 @@ def test_a_sharded_run_is_read_in_one_process(runs, tmp_path):
     model from it in one process, and it is the model the run wrote at its end."""
     run = runs["root"] / "fsdp"
     state = load_checkpoint(run)
-    assert state["shards"] == "shards/step-00000020" and state["model"] == {}
-    assert sorted(path.name for path in (run / "shards").iterdir()) == ["step-00000020"]  # step 10's went once step 20's was kept
-    assert len(list((run / "shards" / "step-00000020").glob("*.safetensors"))) == 2  # one file per process
+    assert state["shards"] == "shards/step-00000008" and state["model"] == {}
+    assert sorted(path.name for path in (run / "shards").iterdir()) == ["step-00000008"]  # step 4's went once step 8's was kept
+    assert len(list((run / "shards" / "step-00000008").glob("*.safetensors"))) == 2  # one file per process
     model = open_run(run).model
     final = tokenmix.open_run(run / "model").model
     for (name, weight), (other, whole) in zip(model.state_dict().items(), final.state_dict().items(), strict=True):
@@ -127,21 +180,20 @@ def test_a_sharded_run_is_read_in_one_process(runs, tmp_path):
     reads = [["eval", str(run)], ["generate", str(run), "--prompt", "To be", "--max-new-tokens", "8"]]
     reads.append(["export-hf", str(run), str(tmp_path / "hf")])
     for command in reads:
-        result = launch(1, "-m", "tokenmix.cli", *command)
-        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        status, stdout, stderr = run_cli(*command)
+        assert status == 0, stdout[-2000:] + stderr[-2000:]
 
 
 @pytest.mark.slow
-def test_a_run_sharded_over_four_processes_continues_exactly_on_two_and_on_one(tmp_path):
+def test_a_run_sharded_over_four_processes_continues_exactly_on_two_and_on_one(runs, tmp_path):
     """Saved by 4 processes (FSDP, each sequence split in 4) at step 4, resumed by 2 (FSDP, split in 2)
     and by 1 (neither): steps 5 to 8 and the validation are those of one process that never stopped."""
-    alone = train(tmp_path / "alone", 1, "--steps", "8", "--eval-every", "8")
-    train(tmp_path / "four", 4, "--steps", "4", "--eval-every", "4", "--fsdp", "--context-parallel", "4")
-    for processes, flags in ((2, ["--context-parallel", "2"]), (1, ["--context-parallel", "1", "--no-fsdp"])):
-        shutil.copytree(tmp_path / "four", tmp_path / f"resumed_{processes}")
-        resumed = train(tmp_path / f"resumed_{processes}", processes, "--resume", "--steps", "8", *flags)
-        assert_same_curve(resumed, alone, 1e-5)
-        assert load_checkpoint(tmp_path / f"resumed_{processes}").get("shards") == ("shards/step-00000008" if processes == 2 else None)
+    alone = train(tmp_path / "alone", "--steps", "8", "--eval-every", "8")
+    assert_same_curve(runs["resumed_2"], alone, 1e-5)
+    assert load_checkpoint(runs["root"] / "resumed_2").get("shards") == "shards/step-00000008"
+    shutil.copytree(runs["root"] / "four", tmp_path / "resumed_1")
+    assert_same_curve(train(tmp_path / "resumed_1", "--resume", "--steps", "8", "--context-parallel", "1", "--no-fsdp"), alone, 1e-5)
+    assert load_checkpoint(tmp_path / "resumed_1").get("shards") is None
 
 
 @pytest.mark.slow
@@ -152,9 +204,9 @@ def test_a_save_killed_midway_keeps_the_previous_checkpoint(tmp_path):
     result = launch(2, str(KILL_WORKER), str(run))
     assert result.returncode != 0
     assert load_checkpoint(run)["step"] == 2 and (run / "shards" / "step-00000004").is_dir()
-    result = launch(1, "-m", "tokenmix.cli", "train", "--resume", "--out", str(run), "--no-fsdp", "--steps", "3")
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "removed" in result.stdout + result.stderr and not (run / "shards").exists()
+    status, stdout, stderr = run_cli("train", "--resume", "--out", str(run), "--no-fsdp", "--steps", "3")
+    assert status == 0, stdout[-2000:] + stderr[-2000:]
+    assert "removed" in stdout + stderr and not (run / "shards").exists()
     assert load_checkpoint(run)["step"] == 3
 
 

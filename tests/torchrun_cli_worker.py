@@ -1,0 +1,25 @@
+"""Run under torchrun: several ``tokenmix`` commands one after the other in each process, each as it runs
+under a torchrun launch of its own (one launch for many: every launch costs each process its start-up).
+argv: a JSON file of [{"argv": [...], "log": path}]; each command's stdout and stderr go to ``<log>.rank<R>``.
+The launch stops with the first command that fails."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+
+from tokenmix.cli import main
+
+rank, attempt = os.environ["RANK"], os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+with open(sys.argv[1]) as file:
+    commands = json.load(file)
+for index, command in enumerate(commands):
+    # each command's process group under keys of its own in torchrun's store (tokenmix.train.distributed.attempt_store):
+    # the addresses the previous command's group published there are not read as this one's
+    os.environ["TORCHELASTIC_RESTART_COUNT"] = f"{attempt}.{index}"
+    with open(f"{command['log']}.rank{rank}", "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        status = main(command["argv"])
+    if status:
+        sys.exit(status)
