@@ -11,6 +11,9 @@ A save writes the new folder completely before ``checkpoint.pt`` names it and on
 older one, so a process killed mid-save leaves the previous checkpoint whole (the unfinished folder is
 removed by the next save or resume). Reading reshards: a checkpoint written by 4 processes resumes on
 2 (FSDP or DDP) or 1, the weights and optimizer state of each process taken from whichever files hold them.
+
+``torch.distributed.checkpoint`` takes about a second to import (it brings DTensor and sympy), so the functions
+that write or read shards import it themselves: a command that never touches shards does not wait for it.
 """
 
 from __future__ import annotations
@@ -21,23 +24,12 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from ..files import os_error_of, storage_fault
 
 SHARDS_KEY = "shards"
 SHARDS_DIRECTORY = "shards"
 MODEL, OPTIMIZER = "model.", "optimizer."  # the prefixes of the two state dicts' tensors in the files
-FLAT = StateDictOptions(flatten_optimizer_state_dict=True)  # optimizer entries keyed by parameter name, as the weights are
 FOLDER_NAME = re.compile(r"shards/step-\d+")
 
 
@@ -46,11 +38,20 @@ def shards_folder(step: int) -> str:
     return f"{SHARDS_DIRECTORY}/step-{step:08d}"
 
 
+def flat_optimizer_state():
+    """DCP's state-dict options keying optimizer entries by parameter name, as the weights are."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
+
 def _tensors_and_settings(model, optimizer) -> tuple[dict[str, torch.Tensor], dict]:
     """The model's and the optimizer's state by parameter name: (their tensors, prefixed; the optimizer's other entries)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
     tensors = {MODEL + key: value for key, value in get_model_state_dict(model).items()}
     settings = {}
-    for key, value in get_optimizer_state_dict(model, optimizer, options=FLAT).items():
+    for key, value in get_optimizer_state_dict(model, optimizer, options=flat_optimizer_state()).items():
         if isinstance(value, torch.Tensor):
             tensors[OPTIMIZER + key] = value
         else:
@@ -61,13 +62,16 @@ def _tensors_and_settings(model, optimizer) -> tuple[dict[str, torch.Tensor], di
 def save_shards(out: Path, step: int, model, optimizer, is_main: bool, barrier) -> tuple[str, dict]:
     """Write this process's shards of ``model`` and ``optimizer`` to ``out / shards_folder(step)`` (every
     process calls it); returns (the folder, the optimizer's settings for ``checkpoint.pt``)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
     folder = shards_folder(step)
     if is_main and (out / folder).exists():  # left by a save killed at this step before a resume
         shutil.rmtree(out / folder)
     barrier()
     tensors, settings = _tensors_and_settings(model, optimizer)
     try:
-        dcp.save(tensors, storage_writer=HuggingFaceStorageWriter(str(out / folder), save_distributed=True))
+        dcp.save(tensors, storage_writer=dcp.HuggingFaceStorageWriter(str(out / folder), save_distributed=True))
     except (Exception, CheckpointException) as error:  # DCP's exception, raised on every process, is a BaseException
         cause = os_error_of(error)
         if cause is None:
@@ -105,10 +109,12 @@ def shards_of(state: dict, file: Path) -> Path | None:
 
 def _read(folder: Path, tensors: dict[str, torch.Tensor], single_process: bool) -> None:
     """Fill ``tensors`` (whole or sharded) from the files in ``folder``; ValueError naming it when they cannot be."""
+    import torch.distributed.checkpoint as dcp
+
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
         try:
-            dcp.load(tensors, storage_reader=HuggingFaceStorageReader(str(folder)), no_dist=single_process)
+            dcp.load(tensors, storage_reader=dcp.HuggingFaceStorageReader(str(folder)), no_dist=single_process)
         except Exception as error:  # DCP gathers every process's failure into one CheckpointException
             first = (str(error).strip().splitlines() or [type(error).__name__])[-1]
             raise ValueError(f"sharded checkpoint {str(folder)!r} does not fit this run's model and optimizer: {first[:300]}") from None
@@ -117,18 +123,22 @@ def _read(folder: Path, tensors: dict[str, torch.Tensor], single_process: bool) 
 def load_shards(folder: Path, settings: dict, model, optimizer) -> None:
     """Load the weights and optimizer state of ``folder`` into ``model`` and ``optimizer`` (sharded by FSDP
     or whole, on any number of processes: every process calls it); ``settings``: the optimizer's entries kept in ``checkpoint.pt``."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
     tensors, _ = _tensors_and_settings(model, optimizer)
     _read(folder, tensors, single_process=not torch.distributed.is_initialized())
     set_model_state_dict(model, {key[len(MODEL) :]: value for key, value in tensors.items() if key.startswith(MODEL)})
     optimizer_state = {key[len(OPTIMIZER) :]: value for key, value in tensors.items() if key.startswith(OPTIMIZER)}
     try:
-        set_optimizer_state_dict(model, optimizer, {**optimizer_state, **settings}, options=FLAT)
+        set_optimizer_state_dict(model, optimizer, {**optimizer_state, **settings}, options=flat_optimizer_state())
     except (KeyError, TypeError, ValueError, RuntimeError) as error:
         raise ValueError(f"sharded checkpoint {str(folder)!r}: its optimizer settings do not fit this run: {error}") from None
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     """The whole weights in ``folder``, read in this process alone (for ``eval``, ``generate``, ``export-hf``)."""
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
     metadata = HuggingFaceStorageReader(str(folder)).read_metadata().state_dict_metadata
     tensors = {key: torch.empty(entry.size, dtype=entry.properties.dtype) for key, entry in metadata.items() if key.startswith(MODEL)}
     if not tensors:
