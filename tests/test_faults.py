@@ -19,8 +19,8 @@ from tokenmix.cli import main
 from tokenmix.data.cache import store
 from tokenmix.data.tokenizer import byte_tokenizer
 from tokenmix.errors import MachineFault
-from tokenmix.files import save_figure, write_json_atomic
 from tokenmix.hf.export import export
+from tokenmix.io.files import save_figure, write_json_atomic
 from tokenmix.models.saving import save_pretrained
 from tokenmix.runs.checkpoint import load_checkpoint, save_checkpoint
 from tokenmix.runs.layout import METRICS_FILE

@@ -213,7 +213,7 @@ def test_export_hf_command_and_a_fresh_process_generate_the_same_tokens(tmp_path
     sizes = ["--dim", "16", "--depth", "1", "--seq-len", "32", "--batch-size", "2", "--steps", "3", "-o", "rpe_dim=4"]
     assert main(["train", "--data", text_file, *sizes, "--out", str(run)]) == 0
     assert main(["export-hf", str(run), str(out)]) == 0
-    from tokenmix.files import default_file_mode
+    from tokenmix.io.files import default_file_mode
 
     assert {path.name: path.stat().st_mode & 0o777 for path in out.iterdir()} == dict.fromkeys(
         [path.name for path in out.iterdir()], default_file_mode()

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from tokenmix.cli.plots import plot_listops_distributions
 from tokenmix.data import listops as listops_module
 from tokenmix.data import listops_examples, load_data, load_listops
 from tokenmix.data.listops import (
@@ -19,7 +20,6 @@ from tokenmix.data.listops import (
     expression_text,
     expression_tokens,
 )
-from tokenmix.plots import plot_listops_distributions
 
 MAX, MIN, MED, SM = 11, 10, 12, 13
 

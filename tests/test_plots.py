@@ -2,8 +2,8 @@ import pytest
 import torch
 
 import tokenmix
+from tokenmix.cli.plots import plot_fd_responses, plot_operators
 from tokenmix.ops.ema import naive_ema
-from tokenmix.plots import plot_fd_responses, plot_operators
 
 
 def test_fd_response_figure_is_written(tmp_path):
@@ -96,7 +96,7 @@ def test_the_heatmap_colourbar_labels_stay_apart(tmp_path):
     range's edges, whose labels sat on the 0."""
     import matplotlib.pyplot as plt
 
-    from tokenmix.plots import DYNAMIC_RANGE, _heatmap
+    from tokenmix.cli.plots import DYNAMIC_RANGE, _heatmap
 
     figure, axis = plt.subplots()
     matrix = torch.linspace(-3.0, 2.0, 64).reshape(8, 8)

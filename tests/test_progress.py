@@ -1,6 +1,6 @@
 import io
 
-from tokenmix.progress import LOG_INTERVAL_S, progress_bar
+from tokenmix.io.progress import LOG_INTERVAL_S, progress_bar
 
 
 class _Terminal(io.StringIO):

@@ -38,7 +38,7 @@ from tokenmix.bench.compare import comparison_table
 from tokenmix.bench.run import bench_tables
 from tokenmix.cli.distil import distil_report
 from tokenmix.cli.evaluate import eval_report
-from tokenmix.files import write_text_atomic
+from tokenmix.io.files import write_text_atomic
 
 PAGES = Path(__file__).resolve().parent
 ROOT = PAGES.parents[1]

@@ -8,7 +8,7 @@ import math
 import warnings
 from pathlib import Path
 
-from ..table import format_table
+from ..io.table import format_table
 from .cases import CASE_KINDS, TRAINING_KINDS
 from .report import measured
 

@@ -11,8 +11,8 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
-from ..files import save_figure
-from ..table import format_table
+from ..io.files import save_figure
+from ..io.table import format_table
 from .cases import GENERATE_DEPTH, GENERATE_KINDS, GENERATE_SEGMENT, TRAINING_KINDS
 
 BASE_COLUMNS = ["kind", "mixer", "causal", "length", "batch", "forward_ms", "forward_backward_ms", "tokens_per_s", "peak_mem_mb"]

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from ..progress import progress_bar
+from ..io.progress import progress_bar
+from ..io.table import format_table
 from ..runtime import retain_freed_memory
-from ..table import format_table
 from .cases import Case
 from .measure import measure
 from .records import failed_measurement

@@ -32,11 +32,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..io.table import format_table
 from ..models.model import build_model
 from ..parallel import ContextParallel
 from ..parallel.exchange import traffic
 from ..runtime import release_freed_memory
-from ..table import format_table
 from ..train.memory import saved_tensor_bytes
 from ..train.objectives import shard_cross_entropy
 from .cases import DTYPES, MODEL_VOCAB

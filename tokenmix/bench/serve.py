@@ -37,10 +37,10 @@ import torch
 
 from ..data.tokenizer import byte_tokenizer
 from ..generation import generate
+from ..io.table import format_table
 from ..models.model import build_model
 from ..runtime import pin_process, pinned, set_threads, usable_cpus
 from ..serve import ENGINE_PHASES
-from ..table import format_table
 
 SERVE_KINDS = ("serve", "serve_prefix", "serve_flood")
 SERVE = {"models": ["tnn", "tcnca", "mega", "transformer"], "concurrency": [1, 4, 16, 64], "model_dim": 128, "depth": 4, "repeats": 3}

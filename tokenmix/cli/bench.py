@@ -18,7 +18,7 @@ from ..bench.scale import scale_records, write_scale_plots
 from ..bench.serve import serve_records, write_serve_plots
 from ..devices import resolve_device
 from ..errors import user_input
-from ..files import write_json_atomic, write_text_atomic
+from ..io.files import write_json_atomic, write_text_atomic
 from ..parallel.dims import init_distributed
 from ..runtime import set_threads
 from ..version import source_revision

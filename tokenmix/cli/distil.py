@@ -11,13 +11,13 @@ from pathlib import Path
 from ..data.tokenizer import TOKENIZER_FILE
 from ..errors import user_input
 from ..fields import Integer, Output
-from ..files import write_json_atomic
+from ..io.files import write_json_atomic
+from ..io.table import format_table
 from ..models.distil import SWEEP_ORDERS, distilled_model, fit_orders, recommended_order, sweep_orders
 from ..models.saving import save_pretrained
 from ..runs import open_run
 from ..runs.checkpoint import load_checkpoint, save_checkpoint
 from ..runs.layout import CHECKPOINT_FILE, MODEL_DIRECTORY
-from ..table import format_table
 from ..train.directory import check_directory, claim_directory
 from ..train.evaluate import EVAL_BATCH
 from ..train.lock import RunLock
@@ -157,7 +157,7 @@ def _distil(args, out: Path) -> int:
 
 
 def _plot(sweep: list[dict], args, path) -> Path:
-    from ..plots import plot_distil_sweep
+    from .plots import plot_distil_sweep
 
     return plot_distil_sweep(sweep, args.max_loss_increase, path, title=f"{args.run}: distilled at each order")
 

@@ -7,10 +7,10 @@ import functools
 from ..data.sources import load_data
 from ..errors import user_input
 from ..fields import Choice, Integer, Output
-from ..files import write_json_atomic
+from ..io.files import write_json_atomic
+from ..io.table import format_table
 from ..runs import Run, open_run
 from ..runs.metrics import training_cost
-from ..table import format_table
 from ..train.evaluate import EVAL_BATCH, SCORES
 from ..train.objectives import objective_class, objective_for
 from ..version import __version__, source_revision

@@ -21,7 +21,7 @@ def add_parser(subparsers) -> None:
 
 
 def run_plot(args) -> int:
-    from ..plots import plot_fd_responses, plot_operators, toeplitz_mixers
+    from .plots import plot_fd_responses, plot_operators, toeplitz_mixers
 
     with user_input():
         if args.run is None:

@@ -18,7 +18,7 @@ import numpy as np
 import tokenizers
 import torch
 
-from ..files import TEMPORARY_SUFFIX, atomic_write
+from ..io.files import TEMPORARY_SUFFIX, atomic_write
 from .examples import Examples
 
 CACHE_VARIABLE = "TOKENMIX_CACHE"

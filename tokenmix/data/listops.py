@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..progress import progress_bar
+from ..io.progress import progress_bar
 from ..validation import check_int
 from .cache import cache_directory, cache_key, load_examples, store_examples
 from .corpus import SPLITS

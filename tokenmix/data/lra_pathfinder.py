@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from ..progress import progress_bar
+from ..io.progress import progress_bar
 from ..validation import check_int
 from .corpus import BYTE_VOCAB
 from .examples import ClassificationData, Examples

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..progress import progress_bar
+from ..io.progress import progress_bar
 from ..validation import check_int
 from .corpus import BYTE_VOCAB
 from .examples import ClassificationData, Examples

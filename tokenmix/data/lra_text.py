@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..progress import progress_bar
+from ..io.progress import progress_bar
 from ..validation import check_int, check_number
 from .corpus import BYTE_VOCAB
 from .examples import ClassificationData, Examples

@@ -27,8 +27,8 @@ import torch
 from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from ..files import write_text_atomic
-from ..progress import progress_bar
+from ..io.files import write_text_atomic
+from ..io.progress import progress_bar
 from .corpus import BYTE_VOCAB, as_tensor
 
 BYTES = "bytes"

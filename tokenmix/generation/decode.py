@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..data.tokenizer import Tokenizer
-from ..progress import progress_bar
+from ..io.progress import progress_bar
 from ..validation import check_int
 from .sampling import check_sampling, choose_tokens, row_generator
 from .stops import Stop, StopRule

@@ -11,7 +11,7 @@ from tokenizers import Tokenizer as Backend
 from transformers import PreTrainedTokenizerFast
 
 from ..data.tokenizer import MASK, Tokenizer
-from ..files import atomic_folder, default_file_mode
+from ..io.files import atomic_folder, default_file_mode
 from ..models.model import SequenceModel
 from ..models.saving import CONFIG_FILE
 from ..runs.folder import EXPORT, HF_MODEL_TYPE, read_json, read_model_folder

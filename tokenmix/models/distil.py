@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..io.progress import progress_bar
 from ..mixers.registry import mixer_class
 from ..ops.balanced import hankel_spectrum
-from ..progress import progress_bar
 from .config import ModelConfig
 from .model import SequenceModel
 

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file, save_model
 from torch import nn
 
-from ..files import atomic_write, write_text_atomic
+from ..io.files import atomic_write, write_text_atomic
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ..data.tokenizer import TOKENIZER_FILE, Tokenizer
-from ..files import atomic_write
+from ..io.files import atomic_write
 from ..models.config import ModelConfig
 from ..models.saving import tensor_bytes
 from .layout import CHECKPOINT_FILE, MODEL_DIRECTORY

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ..files import os_error_of, storage_fault
+from ..io.files import os_error_of, storage_fault
 
 SHARDS_KEY = "shards"
 SHARDS_DIRECTORY = "shards"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..data.tokenizer import TOKENIZER_FILE
 from ..fields import check_writable
-from ..files import append_line, remove_stale_temporaries, write_text_atomic
+from ..io.files import append_line, remove_stale_temporaries, write_text_atomic
 from ..runs.layout import CHECKPOINT_FILE, METRICS_FILE, MODEL_DIRECTORY
 from ..runs.metrics import read_metrics
 from ..runs.sharded import SHARDS_DIRECTORY, remove_unused_shards

@@ -13,7 +13,7 @@ import socket
 import time
 from pathlib import Path
 
-from ..files import storage_fault
+from ..io.files import storage_fault
 from .directory import check_run_folder
 
 LOCK_FILE = ".writer.lock"

@@ -4,7 +4,7 @@ of its steps, and when its next checkpoint is due. Times are readings of the tra
 
 from __future__ import annotations
 
-from ..progress import progress_bar
+from ..io.progress import progress_bar
 from .config import parse_interval
 
 

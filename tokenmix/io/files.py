@@ -16,7 +16,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import MachineFault
+from ..errors import MachineFault
 
 TEMPORARY_SUFFIX = ".tmp"
 RUST_OS_ERROR = re.compile(r"os error (\d+)")  # how safetensors (Rust's std::io) spells an OSError

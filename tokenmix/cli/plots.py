@@ -26,11 +26,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.colors import SymLogNorm  # noqa: E402
 
-from .data.listops import ListOpsOptions, distinct_expressions, expression_shape  # noqa: E402
-from .files import save_figure  # noqa: E402
-from .mixers.fd_tno import rfft_frequencies  # noqa: E402
-from .mixers.registry import build_mixer  # noqa: E402
-from .ops.fft import fast_fft_size  # noqa: E402
+from ..data.listops import ListOpsOptions, distinct_expressions, expression_shape  # noqa: E402
+from ..io.files import save_figure  # noqa: E402
+from ..mixers.fd_tno import rfft_frequencies  # noqa: E402
+from ..mixers.registry import build_mixer  # noqa: E402
+from ..ops.fft import fast_fft_size  # noqa: E402
 
 DYNAMIC_RANGE = 1e-4  # the symmetric-log scale is linear below this fraction of the largest |value|
 
