@@ -1,7 +1,7 @@
-"""Small files in the layouts of older tokenmix formats, where no release left one in tests/data.
+"""Small files in the layouts of older tokenmix formats, where no release left one in tests/fixtures.
 
-``python tests/old_formats.py`` writes, under ``tests/data/old_formats``, what each migration of
-``tokenmix.runs.migrations`` upgrades that tests/data held no file of (format 1 checkpoints, the format 2
+``python tests/old_formats.py`` writes, under ``tests/fixtures/old_formats``, what each migration of
+``tokenmix.runs.migrations`` upgrades that tests/fixtures held no file of (format 1 checkpoints, the format 2
 and 3 configs inside them and the format 3 configs of ``saved_models`` are releases' own files):
 
 - ``config_format1``: a model folder whose config is format 1 (tokenmix 0.1: no ``format_version``,
@@ -24,7 +24,7 @@ from saved_models import TOKENS
 
 import tokenmix
 
-FOLDER = Path(__file__).parent / "data" / "old_formats"
+FOLDER = Path(__file__).parent / "fixtures" / "old_formats"
 FORMAT1_OPTIONS = {"rpe_dim": 4, "decay": 0.9}
 SEGMENT = 6
 

@@ -1,7 +1,7 @@
 """Small saved models of every registered model, written by one release and loaded by later ones.
 
 ``python tests/saved_models.py`` writes, for each model of ``list_models()``, a ``save_pretrained``
-directory under ``tests/data/saved_models/NAME`` (dim 8, depth 2, vocabulary 20; task lm where the
+directory under ``tests/fixtures/saved_models/NAME`` (dim 8, depth 2, vocabulary 20; task lm where the
 model has it) and the logits it gives for ``TOKENS`` (``logits.safetensors``).
 ``test_models.py`` holds every later version to them: the saved config still loads, as the same
 model, with the same logits. Run it again only to add a model; never to refresh an existing one.
@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 import tokenmix
 from tokenmix.models.registry import model_spec
 
-FOLDER = Path(__file__).parent / "data" / "saved_models"
+FOLDER = Path(__file__).parent / "fixtures" / "saved_models"
 TOKENS = torch.arange(24).remainder(20).view(2, 12)
 OPTIONS = {"tnn2d": {"grid": [3, 4]}}  # the 12 tokens of a row as a 3 x 4 grid
 

@@ -211,7 +211,7 @@ def test_an_interrupted_run_resumed_on_the_device_ends_as_one_never_interrupted(
 
 @pytest.fixture
 def serving():
-    """tests/test_serve_engine.py, for its helpers (needs the serve extra)."""
+    """tests/serve/test_serve_engine.py, for its helpers (needs the serve extra)."""
     pytest.importorskip("prometheus_client", reason='the server needs its extra: pip install "tokenmix[serve]"')
     import test_serve_engine
 

@@ -4,13 +4,13 @@ import re
 from pathlib import Path
 
 import pytest
+from locations import ROOT
 
 import tokenmix
 from tokenmix.mixers.parts import leaf_names
 from tokenmix.mixers.registry import resolve_mixer_options
 from tokenmix.models import resolve_model_options
 
-ROOT = Path(__file__).resolve().parents[1]
 OPTIONS = (ROOT / "docs" / "options.md").read_text()
 
 

@@ -1,6 +1,4 @@
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from locations import ROOT
 
 
 def test_ci_runs_the_readme_test_command():

@@ -8,7 +8,7 @@ A ``Kind`` (an integer in a range, a number, one of some names, a file to write,
   by it, ``tokenmix.cli.arguments``);
 - ``describe()`` and ``listing()``: what it accepts, for help lines and docs/options.md;
 - ``invalid()``: texts it refuses, from which the test suite drives every option of every command
-  with bad input (tests/test_cli_fuzz.py).
+  with bad input (tests/cli/test_cli_fuzz.py).
 
 ``setting(default, kind, help)`` declares a dataclass field carrying its kind and help line; option
 dataclasses (``tokenmix.options``) and ``TrainConfig`` are made of them.

@@ -7,7 +7,7 @@ fast path training runs (FFT, banded convolution, sparse interpolation); ``recur
 decoding runs, one token at a time from a state. x is (batch, n, d); ``params`` the op's weights
 and settings; a state is a tensor or a tuple of them, the same for every form of an op, and
 continuing from the final state of a prefix gives the outputs of the whole sequence.
-``tests/test_op_forms.py`` holds every registered op's forms to each other on outputs, final
+``tests/ops/test_op_forms.py`` holds every registered op's forms to each other on outputs, final
 states and every gradient.
 """
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from locations import TESTS
 from torch import nn
 
 import tokenmix
@@ -32,8 +33,14 @@ from tokenmix.options import Options
 from tokenmix.state import StreamState
 
 NAME = "cumulative_mean"
-CONTRACT_SUITE = ["test_contracts.py", "test_streaming.py", "test_contract_guards.py", "test_option_types.py", "test_double_backward.py"]
-TESTS = Path(__file__).parent
+CONTRACT_SUITE = [  # relative to the tests folder
+    "mixers/test_contracts.py",
+    "mixers/test_streaming.py",
+    "mixers/test_contract_guards.py",
+    "mixers/test_option_types.py",
+    "ops/test_double_backward.py",
+]
+THIS_FILE = Path(__file__).resolve().relative_to(TESTS).as_posix()
 
 
 @dataclass
@@ -85,14 +92,15 @@ def pytest_configure(config):
 
 
 def test_every_registry_contract_test_passes_on_a_mixer_defined_in_this_file():
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    here = str(Path(__file__).parent)  # so that ``-p test_custom_mixer`` finds this file
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([here, str(TESTS), os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", Path(__file__).stem]
-    command += [*CONTRACT_SUITE, Path(__file__).name, "-k", NAME]
+    command += [*CONTRACT_SUITE, THIS_FILE, "-k", NAME]
     run = subprocess.run(command, cwd=TESTS, env=environment, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-2000:]
     outcomes = re.findall(r"^(\S+?)::\S+ (PASSED|FAILED|SKIPPED|ERROR)", run.stdout, re.MULTILINE)
     assert {outcome for _, outcome in outcomes} == {"PASSED"}
-    assert {file for file, _ in outcomes} == {*CONTRACT_SUITE, Path(__file__).name}  # every file of the suite held it to something
+    assert {file for file, _ in outcomes} == {*CONTRACT_SUITE, THIS_FILE}  # every file of the suite held it to something
 
 
 @pytest.fixture

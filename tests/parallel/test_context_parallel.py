@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from context_parallel_worker import VARIANTS, tasks_of  # VARIANTS: models with another mixer (bidirectional FNet)
+from locations import TESTS
 
 import tokenmix
 from tokenmix.cli import main
@@ -22,8 +23,8 @@ from tokenmix.models.model import pool_hidden, pooling_weights
 from tokenmix.models.registry import model_spec
 from tokenmix.parallel import ContextShard, context_parallel_logits, context_parallel_problems, shard_bounds
 
-WORKER = Path(__file__).with_name("context_parallel_worker.py")
-CLI_WORKER = Path(__file__).with_name("torchrun_cli_worker.py")
+WORKER = TESTS / "context_parallel_worker.py"
+CLI_WORKER = TESTS / "torchrun_cli_worker.py"
 TOLERANCE = {"torch.float64": 1e-10, "torch.float32": 1e-5}  # relative, the bar for "the same numbers"
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY_RUN, usage_error
 from glue_fixture import write_glue
+from locations import FIXTURES
 
 from tokenmix.cli import build_parser
 from tokenmix.fields import Kind
@@ -99,7 +100,7 @@ def inputs(tiny_runs, tmp_path_factory) -> dict[str, str]:
     (root / "bench.json").write_text(json.dumps([BENCH_RECORD]))
     format1 = root / "format1" / "checkpoint.pt"
     format1.parent.mkdir()
-    shutil.copy(Path(__file__).parent / "data" / "format1_transformer_xl.pt", format1)
+    shutil.copy(FIXTURES / "format1_transformer_xl.pt", format1)
     glue = write_glue(root / "glue", train=40, dev=10)
     return {"corpus": root / "corpus.txt", "bench": root / "bench.json", "format1": format1, "glue": glue, **tiny_runs}
 

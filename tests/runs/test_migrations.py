@@ -1,8 +1,8 @@
 """Each migration of ``tokenmix.runs.migrations`` on a saved file of the format it upgrades.
 
-The files: ``tests/data/format1_*.pt`` (checkpoints of tokenmix 0.2 and earlier, format 1; their model
-configs are of formats 2 and 3), ``tests/data/saved_models`` (configs of format 3) and
-``tests/data/old_formats`` (written in the older layouts by ``tests/old_formats.py``).
+The files: ``tests/fixtures/format1_*.pt`` (checkpoints of tokenmix 0.2 and earlier, format 1; their model
+configs are of formats 2 and 3), ``tests/fixtures/saved_models`` (configs of format 3) and
+``tests/fixtures/old_formats`` (written in the older layouts by ``tests/old_formats.py``).
 """
 
 import io
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from locations import FIXTURES
 from old_formats import FOLDER as OLD
 from old_formats import FORMAT1_OPTIONS, SEGMENT
 from safetensors.torch import load_file
@@ -33,7 +34,7 @@ from tokenmix.runs.migrations import (
     signature_with_segment_length,
 )
 
-DATA = Path(__file__).parent / "data"
+DATA = FIXTURES
 XL_CHECKPOINT, SEGMENT_STATE_CHECKPOINT = DATA / "format1_transformer_xl.pt", DATA / "format1_segment_state.pt"
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from context_parallel_worker import small_options
+from locations import TESTS
 
 import tokenmix
 from tokenmix.cli import main
@@ -26,8 +27,8 @@ from tokenmix.train.lock import LOCK_FILE
 TRAIN = ["--dim", "16", "--depth", "2", "--seq-len", "64", "--batch-size", "2", "--eval-tokens", "1024", "--final-eval-tokens", "1024"]
 TRAIN += ["--threads", "1", "--schedule", "inverse_sqrt", "--warmup", "2"]
 SMALL_TNN = ["-o", "rpe_dim=8"]  # the default model, tnn, made faster
-KILL_WORKER = Path(__file__).with_name("fsdp_kill_worker.py")
-CLI_WORKER = Path(__file__).with_name("torchrun_cli_worker.py")
+KILL_WORKER = TESTS / "fsdp_kill_worker.py"
+CLI_WORKER = TESTS / "torchrun_cli_worker.py"
 ENVIRONMENT = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 

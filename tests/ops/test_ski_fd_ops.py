@@ -146,7 +146,7 @@ def test_theorem_1_spectral_norm_bound_holds(n, rank, width):
 def test_interpolation_pair_supports_double_backward(degree):
     """W and W^T (one autograd pair, each the other's backward) are constant linear maps, so their
     backward is differentiable again: second derivatives through the SKI low rank part are exact
-    (A applied here by its dense matrix, to test the pair alone; tests/test_double_backward.py has the FFT product)."""
+    (A applied here by its dense matrix, to test the pair alone; tests/ops/test_double_backward.py has the FFT product)."""
     import functools
 
     from tokenmix.ops.ski import _gather, _interpolated_product, _linear_downsample, _linear_upsample, _scatter, ski_weights

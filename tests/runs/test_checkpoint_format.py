@@ -1,6 +1,6 @@
 """Checkpoints hold tensors and plain containers only (format 2); older ones convert once, on the user's word.
 
-The two files in tests/data were written by earlier tokenmix versions (a Transformer-XL run of
+The two files in tests/fixtures were written by earlier tokenmix versions (a Transformer-XL run of
 commit a8d19a8, whose segment state is a ``ModelState``, and one of commit 07b3d79~1, whose state is
 the older ``SegmentState`` and which predates tokenizers).
 """
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import usage_error
+from locations import FIXTURES
 
 from tokenmix.cli import main
 from tokenmix.runs import open_run
@@ -18,7 +19,7 @@ from tokenmix.runs.checkpoint import load_checkpoint
 from tokenmix.runs.legacy import LEGACY_PICKLE
 from tokenmix.state import StreamState
 
-FORMAT1 = Path(__file__).parent / "data"
+FORMAT1 = FIXTURES
 
 
 def _legacy_run(tmp_path, name: str) -> Path:
