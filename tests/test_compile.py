@@ -21,7 +21,7 @@ from tokenmix.bench import Case
 from tokenmix.cli import main
 from tokenmix.compilation import check_compile_mode, compile_blocks, compile_forward
 from tokenmix.mixers import Mixer
-from tokenmix.models.registry import list_models, model_spec, resolve_model_options
+from tokenmix.models.registry import list_models, model_spec, resolve_model, resolve_model_options
 from tokenmix.runs.checkpoint import load_checkpoint
 
 TRACED_LENGTH = 100
@@ -87,9 +87,8 @@ def test_a_mixer_compiles_whole_with_its_eager_numbers_and_once_for_many_lengths
 @pytest.mark.parametrize(("name", "causal"), BLOCKS)
 def test_a_block_compiles_whole_with_its_eager_numbers_and_once_for_many_lengths(name, causal):
     """At the shared lengths (the mixers inside were compared at ``LENGTHS`` too; around them a block works token by token)."""
-    spec = model_spec(name)
     chunks = {"chunk_size": 8} if "chunk_size" in resolve_model_options(name, {}, dim=16, depth=1) else {}
-    check_compiled(spec.layers(16, causal, 1, **spec.defaults, **chunks)[0], 16)
+    check_compiled(model_spec(name).layers(16, causal, 1, resolve_model(name, chunks, dim=16, depth=1))[0], 16)
 
 
 def test_every_block_of_a_model_shares_one_graph():
