@@ -16,7 +16,7 @@ rank, attempt = os.environ["RANK"], os.environ.get("TORCHELASTIC_RESTART_COUNT",
 with open(sys.argv[1]) as file:
     commands = json.load(file)
 for index, command in enumerate(commands):
-    # each command's process group under keys of its own in torchrun's store (tokenmix.train.distributed.attempt_store):
+    # each command's process group under keys of its own in torchrun's store (tokenmix.parallel.distributed.attempt_store):
     # the addresses the previous command's group published there are not read as this one's
     os.environ["TORCHELASTIC_RESTART_COUNT"] = f"{attempt}.{index}"
     with open(f"{command['log']}.rank{rank}", "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
