@@ -6,6 +6,26 @@ import torch
 LENGTHS = (1, 7, 100, 1000, 1024)
 
 
+def pytest_configure(config):
+    """Under pytest-xdist each worker computes on its share of the CPUs: two workers of two threads each on
+    two cores would oversubscribe them (libgomp's spinning teams slow every small operation)."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        torch.set_num_threads(max(1, cpus // int(workers)))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist, the modules holding the chaos and the slow tests first (``--no-loadscope-reorder``
+    keeps this order), so that no worker starts a long module while the others run out of work."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        weight = {}
+        for item in items:
+            rank = 0 if item.get_closest_marker("chaos") else 1 if item.get_closest_marker("slow") else 2
+            weight[item.module] = min(weight.get(item.module, 2), rank)
+        items.sort(key=lambda item: weight[item.module])
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -20,6 +20,7 @@ TRAIN = ["-m", "tokenmix.cli", "train", "--resume", "auto", "--dim", "16", "--de
 TRAIN += ["-o", "rpe_dim=4", "--steps", str(STEPS), "--save-every", "1", "--eval-every", str(STEPS), "--eval-tokens", "64"]
 TRAIN += ["--final-eval-tokens", "256", "--sample-tokens", "8", "--threads", "1"]
 ENVIRONMENT = {**os.environ, "OMP_NUM_THREADS": "1"}
+pytestmark = pytest.mark.chaos
 
 
 def torchrun(processes: int, *flags: str) -> list[str]:

@@ -13,7 +13,7 @@ from ..errors import user_input
 from ..fields import Existing, Integer, Number, Text
 from ..runs import open_run
 from ..runtime import available_cpus, release_freed_memory, set_threads
-from ..serve.loading import check_servable
+from ..serve.servable import check_servable
 from .arguments import ByteSize
 from .common import add_precision, add_threads_and_device
 

@@ -377,7 +377,7 @@ def serve_engine(requests, events, config: ServeConfig) -> None:
     from ..runs import open_run
     from ..runtime import retain_freed_memory, set_threads
     from .engine import Engine
-    from .loading import check_servable
+    from .servable import check_servable
 
     retain_freed_memory()
     try:
