@@ -146,19 +146,30 @@ def stream_errors(model, tokens: torch.Tensor, targets: torch.Tensor, shard: Con
     }
 
 
+def release_waiting(size: int) -> None:
+    """The processes beyond the first ``size`` wait until those are done, in a blocking receive from process 0
+    (gloo's barrier would keep their cores busy while the others compare)."""
+    token = torch.zeros(1)
+    if dist.get_rank() == 0:
+        for waiting in range(size, dist.get_world_size()):
+            dist.send(token, waiting)
+    elif dist.get_rank() >= size:
+        dist.recv(token, 0)
+
+
 def main(output: str) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     groups = {dist.get_world_size(): dist.group.WORLD, 2: dist.new_group([0, 1])}  # every process joins each new group
     records = {}
     for size, group in groups.items():
-        if rank >= size:
-            continue  # the others wait at the barrier
-        records[size] = []
-        for name in [*tokenmix.list_models(), *VARIANTS]:
-            for task in [task for task in ("lm", "mlm", "classify") if task in tasks_of(name)]:
-                for dtype in (torch.float64, torch.float32):
-                    records[size].append({"model": name, "task": task, "dtype": str(dtype), **compare(name, task, dtype, group)})
+        if rank < size:
+            records[size] = []
+            for name in [*tokenmix.list_models(), *VARIANTS]:
+                for task in [task for task in ("lm", "mlm", "classify") if task in tasks_of(name)]:
+                    for dtype in (torch.float64, torch.float32):
+                        records[size].append({"model": name, "task": task, "dtype": str(dtype), **compare(name, task, dtype, group)})
+        release_waiting(size)
     if rank == 0:
         with open(output, "w") as file:
             json.dump(records, file, indent=1)
