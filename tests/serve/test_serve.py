@@ -47,27 +47,6 @@ def served(run):
     server.stop()
 
 
-LONG = 3000  # tokens: a stream still running when the server gets SIGTERM
-SMALL_MEMORY = "800KB"  # four rows of the flood's requests (padded into the state sizes' bound of 512) or one of LONG tokens
-
-
-@pytest.fixture(scope="module")
-def small_memory(run):
-    """The server with a small state budget that the flood and the SIGTERM test share (one launch):
-    ``small_memory()`` is the running one; ``small_memory(ending=True)`` hands it over to a test that ends
-    it (the next caller gets a new one)."""
-    servers = []
-
-    def server(ending: bool = False) -> ServerProcess:
-        if not servers:
-            servers.append(serving(run, "--max-state-memory", SMALL_MEMORY, "--max-tokens", str(LONG)))
-        return servers.pop() if ending else servers[-1]
-
-    yield server
-    for left in servers:
-        left.stop()
-
-
 @pytest.fixture(scope="module")
 def network(run):
     opened = open_run(run)
@@ -226,37 +205,40 @@ def test_a_client_that_disconnects_mid_stream_frees_its_sequence(served):
 
 
 @pytest.mark.slow
-def test_500_requests_at_once_against_a_small_memory_each_complete_or_get_429(small_memory):
+def test_500_requests_at_once_against_a_small_memory_each_complete_or_get_429(run):
     """Nothing is lost or hangs: every request gets its whole completion or a 429 with Retry-After, and
     the states never hold more than the budget."""
-    server = small_memory()
+    server = serving(run, "--max-state-memory", "300KB", "--max-batch", "64")
+    try:
 
-    async def flood():
-        limits = httpx.Limits(max_connections=500)
-        async with httpx.AsyncClient(timeout=120, limits=limits) as http:
-            requests = [
-                {"prompt": "To be" * (1 + index % 5), "max_tokens": 8 + index % 9, "stream": index % 2 == 0} for index in range(500)
-            ]
-            return await asyncio.gather(*(http.post(f"{server.url}/v1/completions", json=request) for request in requests)), requests
+        async def flood():
+            limits = httpx.Limits(max_connections=500)
+            async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+                requests = [
+                    {"prompt": "To be" * (1 + index % 5), "max_tokens": 8 + index % 9, "stream": index % 2 == 0} for index in range(500)
+                ]
+                return await asyncio.gather(*(http.post(f"{server.url}/v1/completions", json=request) for request in requests)), requests
 
-    responses, requests = asyncio.run(flood())
-    statuses = [response.status_code for response in responses]
-    assert set(statuses) <= {200, 429} and 200 in statuses and 429 in statuses
-    for response, request in zip(responses, requests, strict=True):
-        if response.status_code == 429:
-            assert response.headers["retry-after"] and "full" in response.json()["error"]["message"]
-        elif request["stream"]:
-            assert response.text.rstrip().endswith("data: [DONE]")
-        else:
-            assert response.json()["usage"]["completion_tokens"] == request["max_tokens"]
-    assert 0 < metric(server, "tokenmix_state_bytes_peak") <= 800_000
-    assert httpx.post(f"{server.url}/v1/completions", json={"prompt": "a", "max_tokens": 2}).status_code == 200
+        responses, requests = asyncio.run(flood())
+        statuses = [response.status_code for response in responses]
+        assert set(statuses) <= {200, 429} and 200 in statuses and 429 in statuses
+        for response, request in zip(responses, requests, strict=True):
+            if response.status_code == 429:
+                assert response.headers["retry-after"] and "full" in response.json()["error"]["message"]
+            elif request["stream"]:
+                assert response.text.rstrip().endswith("data: [DONE]")
+            else:
+                assert response.json()["usage"]["completion_tokens"] == request["max_tokens"]
+        assert 0 < metric(server, "tokenmix_state_bytes_peak") <= 300_000
+        assert httpx.post(f"{server.url}/v1/completions", json={"prompt": "a", "max_tokens": 2}).status_code == 200
+    finally:
+        server.stop()
 
 
 @pytest.mark.slow
-def test_sigterm_lets_running_requests_finish_refuses_new_ones_and_exits(small_memory):
-    long = LONG  # the stream is still running when the signal comes
-    server = small_memory(ending=True)
+def test_sigterm_lets_running_requests_finish_refuses_new_ones_and_exits(run):
+    long = 3000  # tokens: the stream is still running when the signal comes
+    server = serving(run, "--max-tokens", str(long))
     try:
         request = {"prompt": "To be", "max_tokens": long, "stream": True, "temperature": 0}
         with httpx.Client(timeout=60) as http, http.stream("POST", f"{server.url}/v1/completions", json=request) as response:
