@@ -1,7 +1,7 @@
 """The server outlives its engine: a real ``tokenmix serve`` whose engine process is killed (SIGKILL)
 fails the requests it was running, restarts the engine and serves again; killed three times within a
 minute (once, with ``--engine-restarts 0``), the server exits with status 1 and one line giving the
-engine's exit codes."""
+engine's exit codes. Each test has a server of its own (it ends it)."""
 
 from __future__ import annotations
 
@@ -57,8 +57,24 @@ def served_again(server, since: float) -> float:
     raise AssertionError("no request was served within 120 s of the engine's death")
 
 
-def test_a_killed_engine_fails_its_requests_and_is_restarted_within_seconds(tiny_runs):
+def stopped_with_one_line(server, deaths: int) -> None:
+    """The server exits with status 1, its last line its only error: the engine died ``deaths`` times within a minute."""
+    status = server.process.wait(60)
+    server.stop()
+    errors = [line for line in server.lines if "error" in line]
+    assert status == 1 and errors == [server.lines[-1]], server.lines
+    died = "once" if deaths == 1 else f"{deaths} times"
+    assert errors[0] == (
+        f"tokenmix serve: error: the engine process died {died} within 60 s "
+        f"(exit codes: {', '.join(['-9 (SIGKILL)'] * deaths)}; restarts allowed a minute: {deaths - 1})"
+    )
+
+
+def test_a_killed_engine_fails_its_requests_is_restarted_within_seconds_and_a_third_death_in_a_minute_stops_it(tiny_runs):
+    """By default two restarts a minute: after the first death is served again, two more deaths stop the server
+    (one server for both: the engine is back within seconds, well inside the minute)."""
     server = serving(tiny_runs["lm"], "--max-tokens", str(LONG))
+    killed: set[int] = set()
     try:
         before = health(server)
         assert before["status"] == "ok" and before["engine"]["restarts"] == 0 and before["engine"]["last_exit_code"] is None
@@ -73,41 +89,34 @@ def test_a_killed_engine_fails_its_requests_and_is_restarted_within_seconds(tiny
             while metric(server, "tokenmix_batch_size") < 2 and time.monotonic() < end:  # both requests are decoding
                 time.sleep(0.02)
             assert metric(server, "tokenmix_batch_size") == 2
-            kill_engine(server, set())
-            killed = time.monotonic()
+            kill_engine(server, killed)
+            death = time.monotonic()
             last = [line for line in lines if line.startswith("data: ")][-1]
         error = json.loads(last[6:])["error"]
         assert error["code"] == "engine_stopped" and "exit code -9 (SIGKILL)" in error["message"] and "restarted" in error["message"]
         waiting.join(60)
         assert answers[0].status_code == 503 and answers[0].json()["error"]["code"] == "engine_stopped", answers[0].text
-        seconds = served_again(server, killed)
+        seconds = served_again(server, death)
         print(f"\nengine killed -> first request served again after {seconds:.2f} s")
         after = health(server)
         assert after["status"] == "ok" and after["engine"]["restarts"] == 1 and after["engine"]["last_exit_code"] == -9
         assert after["engine"]["pid"] != before["engine"]["pid"]
+        for _ in range(2):  # the second may die while it starts: that is a death too
+            kill_engine(server, killed)
+        stopped_with_one_line(server, 3)
     finally:
         server.stop()
     assert any("restarting it (restart 1, at most 2 a minute)" in line for line in server.lines), server.lines
 
 
-@pytest.mark.parametrize("flags, deaths", [([], 3), (["--engine-restarts", "0"], 1)], ids=["default", "no-restarts"])
-def test_an_engine_that_dies_too_often_stops_the_server_with_one_line(tiny_runs, flags, deaths):
-    """By default, three deaths within a minute; with --engine-restarts 0 (vLLM's way), the first."""
-    server = serving(tiny_runs["lm"], *flags)
+def test_with_no_restarts_the_first_death_of_the_engine_stops_the_server_with_one_line(tiny_runs):
+    """--engine-restarts 0: vLLM's way."""
+    server = serving(tiny_runs["lm"], "--engine-restarts", "0")
     try:
-        killed: set[int] = set()
-        for _ in range(deaths):  # after the first, each may die while it starts: that is a death too
-            kill_engine(server, killed)
-        status = server.process.wait(60)
+        kill_engine(server, set())
+        stopped_with_one_line(server, 1)
     finally:
         server.stop()
-    errors = [line for line in server.lines if "error" in line]
-    assert status == 1 and errors == [server.lines[-1]], server.lines
-    died = "once" if deaths == 1 else f"{deaths} times"
-    assert errors[0] == (
-        f"tokenmix serve: error: the engine process died {died} within 60 s "
-        f"(exit codes: {', '.join(['-9 (SIGKILL)'] * deaths)}; restarts allowed a minute: {deaths - 1})"
-    )
 
 
 def test_restarts_must_be_a_count(tiny_runs, capsys):
