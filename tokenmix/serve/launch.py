@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -15,7 +17,8 @@ class ServerProcess:
 
     def __init__(self, served, *flags: str):
         command = [sys.executable, "-m", "tokenmix.cli", "serve", str(served), "--port", "0", *flags]
-        self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+        # its own process group: ``stop`` ends the engine process with it, which else holds the pipe open for seconds
+        self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.lines: list[str] = []
         listening = threading.Event()
         self.reader = threading.Thread(target=self._read, args=(listening,), daemon=True)
@@ -33,9 +36,9 @@ class ServerProcess:
         listening.set()  # it exited: the waiter finds out
 
     def stop(self) -> int:
-        """Kill it if it still runs; its exit status (``lines`` then holds all it printed)."""
+        """Kill it and its engine process if it still runs; its exit status (``lines`` then holds all it printed)."""
         if self.process.poll() is None:
-            self.process.kill()
+            os.killpg(self.process.pid, signal.SIGKILL)
         status = self.process.wait(30)
         self.reader.join(30)
         return status
