@@ -22,7 +22,7 @@ from tokenmix.serve import engine as engine_module  # noqa: E402
 from tokenmix.serve.config import EngineConfig  # noqa: E402
 from tokenmix.serve.engine import Engine  # noqa: E402
 from tokenmix.serve.jobs import Busy, Failed, Finished, Job, Sampling, Token  # noqa: E402
-from tokenmix.serve.plan import JOIN_EVERY, MAX_TAIL, MAX_WAIT, PAD_FLOOR, JoinPlan, chunk_sizes, join_plan  # noqa: E402
+from tokenmix.serve.joining import JOIN_EVERY, MAX_TAIL, MAX_WAIT, PAD_FLOOR, JoinPlan, chunk_sizes, join_plan  # noqa: E402
 from tokenmix.serve.text import CompletionText  # noqa: E402
 
 TOKEN_BYTES = [bytes([byte]) for byte in range(20)]  # the test models' 20 ids as bytes

@@ -12,7 +12,7 @@ import torch
 
 from ..generation import row_generator
 from .jobs import Job
-from .plan import JoinPlan, chunk_sizes
+from .joining import JoinPlan, chunk_sizes
 from .text import CompletionText
 
 

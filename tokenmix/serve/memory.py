@@ -7,7 +7,7 @@ from itertools import pairwise
 
 import torch
 
-from .plan import PAD_FLOOR
+from .joining import PAD_FLOOR
 
 
 class StateSizes:

@@ -1,7 +1,7 @@
 """Where an admitted request's prompt is read and which batch it joins: the scheduler's placement.
 
 Each request is planned onto a batch (a *cohort*: rows sharing one streaming state at one position)
-where its prompt, padded in front, lands right-aligned (``plan.py``), or, where no padding can, lands
+where its prompt, padded in front, lands right-aligned (``joining.py``), or, where no padding can, lands
 with its last tokens still to read in the cohort (a tail), or starts a cohort of its own (padded to the
 longest recent prompt, so that prompts like it arriving later can join); a prompt that begins with a
 cached one resumes from that prompt's state (``prefix_cache.py``: exact, states are exact).
@@ -15,8 +15,8 @@ from collections import deque
 from .batches import Cohort, Prefill
 from .config import EngineConfig
 from .jobs import Job, Sampling
+from .joining import MAX_WAIT, PAD_FLOOR, JoinPlan, alone_plan, join_plan
 from .metrics import ServeMetrics
-from .plan import MAX_WAIT, PAD_FLOOR, JoinPlan, alone_plan, join_plan
 from .prefix_cache import PrefixCache
 
 
