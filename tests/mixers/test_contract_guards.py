@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from conftest import random_chunks, relative_error
 from test_contracts import DIM, MODEL_TASKS, MODES, mixer, model
-from test_streaming import TOLERANCE, model_step, prompt_then_tokens, streamed
+from test_streaming import TOLERANCE, model_step, prompt_then_tokens, smallest_model, streamed
 
 from tokenmix.mixers.base import PADDING_SIDES
 from tokenmix.models.config import POOLS
@@ -178,10 +178,11 @@ def cross_entropy(net, tokens: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize(("name", "task"), MODEL_TASKS)
 def test_model_caches_follow_weights_changed_in_place(name, task):
     """Fails as the mixers' test does, through the blocks: stale taps show in an LM's stream, a stale
-    spectrum in the eval forward of every task."""
+    spectrum in the eval forward of every task. The model is ``smallest_model``: every kind of block the
+    test's ``model`` has, each with its caches, at width 8 and (but fnet_ar_xl) one layer."""
     tokens = torch.randint(0, 20, (2, HORIZON))
     assert_weight_changes_reach_every_cache(
-        lambda: model(name, task),
+        lambda: smallest_model(name, task),
         lambda dtype: tokens,
         cross_entropy,
         lambda net: model_step(net) if net.config.task == "lm" else None,

@@ -1,6 +1,7 @@
 """Nothing a user trained is lost or silently replaced: run directories, resumes, signals, divergence."""
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +30,27 @@ def cli_train(text_file, out, *extra) -> list[str]:
     return ["train", *sizes, *quiet, "-o", "rpe_dim=4", "--out", str(out), *extra]
 
 
+@pytest.fixture(scope="module")
+def three_steps(tmp_path_factory):
+    """(corpus, a pristine copy of a finished 3-step CLI run, the path the run was trained at): trained once."""
+    root = tmp_path_factory.mktemp("three_steps")
+    corpus = root / "corpus.txt"
+    corpus.write_bytes(("To be, or not to be, that is the question. " * 200).encode())
+    assert main(cli_train(str(corpus), root / "run", "--steps", "3")) == 0
+    shutil.copytree(root / "run", root / "pristine")
+    return corpus, root / "pristine", root / "run"
+
+
+@pytest.fixture
+def finished_run(three_steps):
+    """(corpus, run): the finished 3-step run, restored where it was trained (a resume records a moved run's
+    new place as a change), so each test may resume or overwrite it."""
+    corpus, pristine, run = three_steps
+    shutil.rmtree(run)
+    shutil.copytree(pristine, run)
+    return str(corpus), run
+
+
 def weights(run) -> dict:
     return load_checkpoint(run)["model"]
 
@@ -37,9 +59,8 @@ def steps_logged(run) -> list[int]:
     return [record["step"] for record in read_metrics(run / "metrics.jsonl") if "loss" in record and "split" not in record]
 
 
-def test_a_run_directory_is_never_silently_reused(text_file, tmp_path, capsys):
-    run = tmp_path / "run"
-    assert main(cli_train(text_file, run, "--steps", "3")) == 0
+def test_a_run_directory_is_never_silently_reused(finished_run, capsys):
+    text_file, run = finished_run
     before = (run / "checkpoint.pt").read_bytes()
     with pytest.raises(SystemExit) as exit_info:
         main(cli_train(text_file, run, "--steps", "3"))
@@ -63,9 +84,8 @@ def test_a_run_directory_is_never_silently_reused(text_file, tmp_path, capsys):
         ([], ["already finished at step 3"]),
     ],
 )
-def test_resume_refuses_changes_that_break_the_run(text_file, tmp_path, capsys, flags, named):
-    run = tmp_path / "run"
-    assert main(cli_train(text_file, run, "--steps", "3")) == 0
+def test_resume_refuses_changes_that_break_the_run(finished_run, capsys, flags, named):
+    _, run = finished_run
     capsys.readouterr()
     with pytest.raises(SystemExit):
         main(["train", "--resume", "--out", str(run), *flags])
@@ -73,20 +93,18 @@ def test_resume_refuses_changes_that_break_the_run(text_file, tmp_path, capsys, 
     assert all(text in error for text in named), error
 
 
-def test_resume_options_are_compared_by_the_model_they_build(text_file, tmp_path, capsys):
-    run = tmp_path / "run"
-    assert main(cli_train(text_file, run, "--steps", "2")) == 0
-    assert main(["train", "--resume", "--out", str(run), "--steps", "3", "-o", "decay=0.99"]) == 0  # the default
+def test_resume_options_are_compared_by_the_model_they_build(finished_run, capsys):
+    _, run = finished_run
+    assert main(["train", "--resume", "--out", str(run), "--steps", "4", "-o", "decay=0.99"]) == 0  # the default
     assert load_checkpoint(run)["train_config"]["options"] == {"rpe_dim": 4}
     capsys.readouterr()
     with pytest.raises(SystemExit):
-        main(["train", "--resume", "--out", str(run), "--steps", "4", "-o", "decay=0.9"])
+        main(["train", "--resume", "--out", str(run), "--steps", "5", "-o", "decay=0.9"])
     assert "options: checkpoint {'rpe_dim': 4}, given {'rpe_dim': 4, 'decay': 0.9}" in capsys.readouterr().err
 
 
-def test_more_steps_are_allowed_and_recorded_truthfully(text_file, tmp_path):
-    run = tmp_path / "run"
-    assert main(cli_train(text_file, run, "--steps", "3")) == 0
+def test_more_steps_are_allowed_and_recorded_truthfully(finished_run):
+    _, run = finished_run
     assert main(["train", "--resume", "--out", str(run), "--steps", "5"]) == 0  # other settings from the checkpoint
     state = load_checkpoint(run)
     assert state["step"] == 5 and state["train_config"]["steps"] == 5 and state["train_config"]["seq_len"] == 16
@@ -133,12 +151,31 @@ def keep_threads():
     torch.set_num_threads(threads)
 
 
+SIGNALLED_STEPS = ["--steps", "200", "--threads", "1"]  # one thread everywhere: the same reductions, bit for bit
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """(corpus, the run of SIGNALLED_STEPS never stopped): the signalled runs' reference, trained once."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    corpus = root / "corpus.txt"
+    corpus.write_bytes(("To be, or not to be, that is the question. " * 200).encode())
+    threads = torch.get_num_threads()
+    try:
+        assert main(cli_train(str(corpus), root / "a", *SIGNALLED_STEPS)) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return str(corpus), root / "a"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_saves_a_checkpoint_and_resume_finishes_the_same_run(text_file, tmp_path, stop, keep_threads):
-    steps = ["--steps", "600", "--threads", "1"]  # one thread everywhere: the same reductions, bit for bit
+def test_a_signal_saves_a_checkpoint_and_resume_finishes_the_same_run(uninterrupted, tmp_path, stop, keep_threads):
+    """Signalled after 5 of 200 steps (each a few milliseconds: far from the end), resumed in-process: the
+    steps and weights of the uninterrupted run."""
+    text_file, straight = uninterrupted
     process = subprocess.Popen(
-        [sys.executable, "-m", "tokenmix.cli", *cli_train(text_file, tmp_path / "b", *steps)],
+        [sys.executable, "-m", "tokenmix.cli", *cli_train(text_file, tmp_path / "b", *SIGNALLED_STEPS)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -151,11 +188,10 @@ def test_a_signal_saves_a_checkpoint_and_resume_finishes_the_same_run(text_file,
     assert process.returncode == 130, out + err
     assert "Traceback" not in err and "checkpoint saved" in err and "--resume" in err
     stopped_at = load_checkpoint(tmp_path / "b")["step"]
-    assert 5 <= stopped_at < 600
+    assert 5 <= stopped_at < 200
     assert main(["train", "--resume", "--out", str(tmp_path / "b")]) == 0
-    assert steps_logged(tmp_path / "b") == list(range(1, 601))
-    assert main(cli_train(text_file, tmp_path / "a", *steps)) == 0
-    for name, tensor in weights(tmp_path / "a").items():
+    assert steps_logged(tmp_path / "b") == list(range(1, 201))
+    for name, tensor in weights(straight).items():
         assert torch.equal(tensor, weights(tmp_path / "b")[name]), name
 
 
