@@ -94,7 +94,7 @@ def pytest_configure(config):
 def test_every_registry_contract_test_passes_on_a_mixer_defined_in_this_file():
     here = str(Path(__file__).parent)  # so that ``-p test_custom_mixer`` finds this file
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([here, str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", Path(__file__).stem]
+    command = [sys.executable, "-m", "pytest", "-v", "-n", "0", "-p", "no:cacheprovider", "-p", Path(__file__).stem]
     command += [*CONTRACT_SUITE, THIS_FILE, "-k", NAME]
     run = subprocess.run(command, cwd=TESTS, env=environment, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-2000:]
