@@ -104,7 +104,8 @@ def usage_error(arguments, capsys) -> str:
     return error
 
 
-TINY_RUN = ["--dim", "8", "--depth", "1", "--seq-len", "16", "--batch-size", "2", "--warmup", "0", "--eval-tokens", "64", "--sample-tokens", "16"]
+TINY_RUN = ["--dim", "8", "--depth", "1", "--seq-len", "16", "--batch-size", "2", "--warmup", "0"]
+TINY_RUN += ["--eval-tokens", "64", "--sample-tokens", "16"]
 
 
 @pytest.fixture(scope="session")
