@@ -11,6 +11,7 @@ keeps FSDP's gathers outside the compiled graphs (hooks on a block are not part 
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -45,6 +46,14 @@ class ParallelModel:
     split: ContextParallel | None
     trained: nn.Module
     evaluated: nn.Module
+
+    def drop_ddp(self) -> None:
+        """Free the DDP wrapper now, if there is one. It sits in reference cycles, so dropping the reference is not
+        enough: collect it. Only then: a full collection in a long-lived process (a notebook, a test session)
+        takes about a second."""
+        if isinstance(self.trained, torch.nn.parallel.DistributedDataParallel):
+            self.trained = self.split or self.model
+            gc.collect()
 
 
 def apply_context_parallel(model: SequenceModel, dims: ParallelDims) -> tuple[ContextParallel | None, nn.Module]:

@@ -19,7 +19,6 @@ how its model spreads over processes ``tokenmix.parallel.parallelize``'s, its ch
 from __future__ import annotations
 
 import functools
-import gc
 import math
 import time
 from pathlib import Path
@@ -345,10 +344,8 @@ class Trainer:
     def close(self, wait: bool = True) -> None:
         """Leave the process group (``wait``: for the other processes first; not after an error). The DDP
         wrapper goes first, while its communicator is alive: gloo work it still held when freed at
-        interpreter exit aborted a rank now and then. It sits in reference cycles, so dropping the
-        reference is not enough: collect it now."""
-        self.parallel.trained = self.model
-        gc.collect()
+        interpreter exit aborted a rank now and then."""
+        self.parallel.drop_ddp()
         try:
             self.dims.close(wait)
         finally:
