@@ -177,11 +177,6 @@ def test_auto_device_is_resolved_before_the_cases_are_built(tmp_path, monkeypatc
     assert [case.device for case in measured] == ([] if torch.cuda.is_available() else ["cpu"])  # CUDA: measured in process
 
 
-def test_a_crashing_worker_becomes_a_record():
-    record = run_in_subprocess(Case("mixer", "tcn", False, 8, 4, 1, options={"depth": 0}), 1, 1, profile=False).to_dict()
-    assert "depth must be an integer >= 1" in record["error"] and record["forward_ms"] is None
-
-
 def test_every_finished_case_is_on_disk_before_the_next_one(tmp_path, monkeypatch):
     calls = []
 
@@ -343,7 +338,9 @@ def test_generate_run_writes_records_tables_and_plots(tmp_path, capsys, monkeypa
     assert f"1 of {4 + 2 * len(TAP_STREAMING)} cases failed" in out
 
 
-def test_a_crashing_generate_worker_becomes_a_generate_record():
+def test_a_crashing_worker_becomes_a_record_of_its_kind():
+    """The worker's last error line becomes the record's ``error``, in the record of the case's kind (here a generate
+    case's; a mixer case's failed record, with no time: test_a_failed_case_is_reported_and_the_others_kept)."""
     record = run_in_subprocess(Case("generate", "tnn", True, 8, 8, 1, options={"mixer": "nope"}), 1, 1).to_dict()
     assert set(record) == record_fields(GenerateMeasurement) and "mixer must be one of" in record["error"] and record["step_ms"] is None
 
