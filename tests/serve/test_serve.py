@@ -204,58 +204,74 @@ def test_a_client_that_disconnects_mid_stream_frees_its_sequence(served):
     assert httpx.post(f"{served.url}/v1/completions", json={"prompt": "a", "max_tokens": 3}, headers=headers()).status_code == 200
 
 
+# bytes of state: 16 of the flood's short rows (24.6 KB each; its --max-batch 64 would hold 1.6 MB, so the budget is
+# what binds), or one LONG row (393 KB at 1024 positions for the tiny run)
+BUDGET = 400_000
+LONG = 1000  # tokens: the stream is still running when SIGTERM comes
+
+
+@pytest.fixture(scope="module")
+def small_memory_server(run):
+    """The flood's server (a state budget of BUDGET bytes, completions of up to LONG tokens), shared with the SIGTERM
+    test, which ends it: a call after that (or after any exit) starts a new one, so either test may also run alone."""
+    servers: list[ServerProcess] = []
+
+    def current() -> ServerProcess:
+        if not servers or servers[-1].process.poll() is not None:
+            servers.append(serving(run, "--max-state-memory", str(BUDGET), "--max-batch", "64", "--max-tokens", str(LONG)))
+        return servers[-1]
+
+    yield current
+    for server in servers:
+        server.stop()
+
+
 @pytest.mark.slow
-def test_500_requests_at_once_against_a_small_memory_each_complete_or_get_429(run):
+def test_500_requests_at_once_against_a_small_memory_each_complete_or_get_429(small_memory_server):
     """Nothing is lost or hangs: every request gets its whole completion or a 429 with Retry-After, and
     the states never hold more than the budget."""
-    server = serving(run, "--max-state-memory", "300KB", "--max-batch", "64")
-    try:
+    server = small_memory_server()
 
-        async def flood():
-            limits = httpx.Limits(max_connections=500)
-            async with httpx.AsyncClient(timeout=120, limits=limits) as http:
-                requests = [
-                    {"prompt": "To be" * (1 + index % 5), "max_tokens": 8 + index % 9, "stream": index % 2 == 0} for index in range(500)
-                ]
-                return await asyncio.gather(*(http.post(f"{server.url}/v1/completions", json=request) for request in requests)), requests
+    async def flood():
+        limits = httpx.Limits(max_connections=500)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+            requests = [
+                {"prompt": "To be" * (1 + index % 5), "max_tokens": 8 + index % 9, "stream": index % 2 == 0} for index in range(500)
+            ]
+            return await asyncio.gather(*(http.post(f"{server.url}/v1/completions", json=request) for request in requests)), requests
 
-        responses, requests = asyncio.run(flood())
-        statuses = [response.status_code for response in responses]
-        assert set(statuses) <= {200, 429} and 200 in statuses and 429 in statuses
-        for response, request in zip(responses, requests, strict=True):
-            if response.status_code == 429:
-                assert response.headers["retry-after"] and "full" in response.json()["error"]["message"]
-            elif request["stream"]:
-                assert response.text.rstrip().endswith("data: [DONE]")
-            else:
-                assert response.json()["usage"]["completion_tokens"] == request["max_tokens"]
-        assert 0 < metric(server, "tokenmix_state_bytes_peak") <= 300_000
-        assert httpx.post(f"{server.url}/v1/completions", json={"prompt": "a", "max_tokens": 2}).status_code == 200
-    finally:
-        server.stop()
+    responses, requests = asyncio.run(flood())
+    statuses = [response.status_code for response in responses]
+    assert set(statuses) <= {200, 429} and 200 in statuses and 429 in statuses
+    for response, request in zip(responses, requests, strict=True):
+        if response.status_code == 429:
+            assert response.headers["retry-after"] and "full" in response.json()["error"]["message"]
+        elif request["stream"]:
+            assert response.text.rstrip().endswith("data: [DONE]")
+        else:
+            assert response.json()["usage"]["completion_tokens"] == request["max_tokens"]
+    assert 0 < metric(server, "tokenmix_state_bytes_peak") <= BUDGET
+    assert httpx.post(f"{server.url}/v1/completions", json={"prompt": "a", "max_tokens": 2}).status_code == 200
 
 
 @pytest.mark.slow
-def test_sigterm_lets_running_requests_finish_refuses_new_ones_and_exits(run):
-    long = 3000  # tokens: the stream is still running when the signal comes
-    server = serving(run, "--max-tokens", str(long))
-    try:
-        request = {"prompt": "To be", "max_tokens": long, "stream": True, "temperature": 0}
-        with httpx.Client(timeout=60) as http, http.stream("POST", f"{server.url}/v1/completions", json=request) as response:
-            lines = response.iter_lines()
-            first = next(line for line in lines if line.startswith("data: "))
-            server.process.send_signal(signal.SIGTERM)
-            for _ in range(100):
-                if httpx.get(f"{server.url}/health").status_code == 503:
-                    break
-                threading.Event().wait(0.02)
-            refused = httpx.post(f"{server.url}/v1/completions", json={"prompt": "a"})
-            assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
-            rest = [first, *(line for line in lines if line.startswith("data: "))]
-        assert rest[-1] == "data: [DONE]" and len(rest) == long + 2  # every token, the finish, [DONE]
-        assert server.process.wait(30) == 0
-    finally:
-        server.stop()
+def test_sigterm_lets_running_requests_finish_refuses_new_ones_and_exits(small_memory_server):
+    """A stream running when SIGTERM comes gets all its tokens, a new request gets 503, and the server exits with 0."""
+    server = small_memory_server()
+    request = {"prompt": "To be", "max_tokens": LONG, "stream": True, "temperature": 0}
+    with httpx.Client(timeout=60) as http, http.stream("POST", f"{server.url}/v1/completions", json=request) as response:
+        lines = response.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        server.process.send_signal(signal.SIGTERM)
+        for _ in range(100):
+            if httpx.get(f"{server.url}/health").status_code == 503:
+                break
+            threading.Event().wait(0.02)
+        refused = httpx.post(f"{server.url}/v1/completions", json={"prompt": "a"})
+        assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
+        rest = [first, *(line for line in lines if line.startswith("data: "))]
+    assert rest[-1] == "data: [DONE]" and len(rest) == LONG + 2  # every token, the finish, [DONE]
+    assert server.process.wait(30) == 0
 
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
