@@ -11,6 +11,7 @@ from conftest import LENGTHS
 from tokenmix.ops import list_ops, op_forms
 
 FORMS = ("naive", "parallel", "recurrent")
+DECODED = 64  # past 128 tokens the recurrent form decodes the last 64 after a prefill (see decoded_after_prefill)
 
 
 def tensors(value) -> list[torch.Tensor]:
@@ -30,11 +31,31 @@ def run_form(form, x, params, state):
     return y, final, torch.autograd.grad(loss, leaves, allow_unused=True)
 
 
+def decoded_after_prefill(forms):
+    """The recurrent form as a decoder runs it: the parallel form's final state of all but the last ``DECODED``
+    tokens (a prompt in one call), then the recurrent form token by token over the rest; differentiable
+    throughout. At 1000 and 1024 tokens from scratch it would step a Python loop over every token (relative
+    attention's: 12 s a case); from scratch it runs at 1, 7, 64 and 100 tokens, and every causal mixer's and
+    model's stream steps token by token past 500 tokens in ``test_streaming`` (``test_online_toeplitz``: the
+    online Toeplitz product at every length)."""
+
+    def run(x, params, state, output_final_state):
+        prompt = x.shape[1] - DECODED
+        head, middle = forms.parallel(x[:, :prompt], params, state, True)
+        tail, final = forms.recurrent(x[:, prompt:], params, middle, True)
+        return torch.cat([head, tail], dim=1), final
+
+    return run
+
+
 @pytest.mark.parametrize("name", list_ops())
 @pytest.mark.parametrize("n", [*LENGTHS, 64])
 def test_every_form_of_an_op_agrees_on_outputs_final_states_and_gradients(name, n):
+    """Each form against the naive one at every length. Past 128 tokens one row (two rows kept apart are checked
+    at 1, 7, 64 and 100 tokens; a naive form loops over rows, relative attention's over every query too) and
+    the recurrent form after a prefill (``decoded_after_prefill``)."""
     forms = op_forms(name)
-    x, params, state = forms.example(2, n, 3, torch.float64, torch.Generator().manual_seed(n))
+    x, params, state = forms.example(1 if n > 128 else 2, n, 3, torch.float64, torch.Generator().manual_seed(n))
     for leaf in [x, *tensors(params), *tensors(state)]:
         leaf.requires_grad_(True)
     naive_y, naive_final, naive_grads = run_form(forms.naive, x, params, state)
@@ -42,6 +63,8 @@ def test_every_form_of_an_op_agrees_on_outputs_final_states_and_gradients(name, 
         form = getattr(forms, form_name)
         if form is None:
             continue
+        if form_name == "recurrent" and n > 128:
+            form = decoded_after_prefill(forms)
         y, final, grads = run_form(form, x, params, state)
         torch.testing.assert_close(y, naive_y, msg=lambda m, where=f"{name} {form_name} output": f"{where}: {m}")
         torch.testing.assert_close(final, naive_final, msg=lambda m, where=f"{name} {form_name} final state": f"{where}: {m}")
