@@ -182,14 +182,14 @@ def stopped_by(stop: signal.Signals, arguments: list[str], run, after: int, caps
         if not done.is_set():
             os.kill(os.getpid(), stop)
 
+    capsys.readouterr()
     watcher = threading.Thread(target=watch)
+    watcher.start()
     try:
-        capsys.readouterr()
-        watcher.start()
         status = main(arguments)
+    finally:  # no signal sent once the handler is gone, whatever happened
         done.set()
         watcher.join()
-    finally:
         signal.signal(stop, previous)
     out, err = capsys.readouterr()
     assert status == 130 and not late, out + err
