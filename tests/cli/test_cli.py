@@ -2,10 +2,11 @@
 
 import argparse
 import json
+import shutil
 
 import pytest
 import torch
-from conftest import usage_error
+from conftest import TINY_RUN, usage_error
 
 import tokenmix
 from tokenmix.cli import build_parser, main
@@ -13,14 +14,12 @@ from tokenmix.cli.common import printable
 from tokenmix.mixers.registry import list_mixers
 from tokenmix.models.registry import list_models
 
-SIZES = ["--dim", "8", "--depth", "1", "--seq-len", "16", "--batch-size", "2", "--eval-tokens", "64"]
 
-
-@pytest.fixture
-def run(text_file, tmp_path):
-    """A trained tiny causal LM run directory."""
-    out = tmp_path / "run"
-    assert main(["train", "--data", text_file, *SIZES, "--steps", "2", "-o", "rpe_dim=4", "--out", str(out)]) == 0
+@pytest.fixture(scope="module")
+def run(tiny_runs, tmp_path_factory):
+    """A trained tiny causal LM run directory: the session's, copied once for this module (no test here changes it)."""
+    out = tmp_path_factory.mktemp("cli") / "run"
+    shutil.copytree(tiny_runs["lm"], out)
     return out
 
 
@@ -152,16 +151,13 @@ def test_help_names_models_mixers_and_every_option(capsys):
     assert capsys.readouterr().out.strip() == f"tokenmix {tokenmix.__version__}"
 
 
-def test_checkpoint_with_another_task_cannot_generate(text_file, tmp_path, capsys):
-    out = tmp_path / "mlm"
-    assert main(["train", "--data", text_file, *SIZES, "--steps", "1", "--task", "mlm", "-o", "rpe_dim=4", "--out", str(out)]) == 0
-    assert "causal LM checkpoint" in usage_error(["generate", str(out)], capsys)
+def test_checkpoint_with_another_task_cannot_generate(tiny_runs, capsys):
+    assert "causal LM checkpoint" in usage_error(["generate", str(tiny_runs["mlm"])], capsys)
 
 
 def test_a_recall_run_cannot_generate_text(tmp_path, capsys):
     out = tmp_path / "recall"
-    recall = ["--data", "assoc-recall", "--seq-len", "16", "--dim", "8", "--depth", "1", "--batch-size", "2", "--steps", "1"]
-    assert main(["train", *recall, "--eval-every", "1", "--out", str(out)]) == 0
+    assert main(["train", "--data", "assoc-recall", *TINY_RUN, "--steps", "1", "--out", str(out)]) == 0
     assert "which is not text" in usage_error(["generate", str(out), "--prompt", "12"], capsys)
 
 

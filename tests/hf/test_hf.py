@@ -208,11 +208,9 @@ def test_a_two_step_trainer_run_lowers_the_loss(tmp_path):
         assert float(model.eval()(tokens, labels=tokens).loss) < before
 
 
-def test_export_hf_command_and_a_fresh_process_generate_the_same_tokens(tmp_path, text_file):
-    run, out = tmp_path / "run", tmp_path / "hf"
-    sizes = ["--dim", "16", "--depth", "1", "--seq-len", "32", "--batch-size", "2", "--steps", "3", "-o", "rpe_dim=4"]
-    assert main(["train", "--data", text_file, *sizes, "--out", str(run)]) == 0
-    assert main(["export-hf", str(run), str(out)]) == 0
+def test_export_hf_command_and_a_fresh_process_generate_the_same_tokens(tiny_runs):
+    """The session's tiny LM and its ``tokenmix export-hf`` folder (made by the command, not changed since)."""
+    run, out = tiny_runs["lm"], tiny_runs["export"]
     from tokenmix.io.files import default_file_mode
 
     assert {path.name: path.stat().st_mode & 0o777 for path in out.iterdir()} == dict.fromkeys(

@@ -27,25 +27,54 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TOKENMIX_CACHE", str(tmp_path / "cache"))
 
 
-@pytest.fixture
-def corpus(tmp_path):
-    path = tmp_path / "corpus.txt"
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    return tmp_path_factory.mktemp("language")
+
+
+@pytest.fixture(scope="module")
+def corpus(shared):
+    path = shared / "corpus.txt"
     lines = [f"The {word} play was {other}, said the player.\n" for word in GOOD + BAD for other in GOOD + BAD]
     path.write_text("".join(lines * 6))
     return str(path)
 
 
-@pytest.fixture
-def glue(tmp_path):
+@pytest.fixture(scope="module")
+def glue(shared):
     """SST-2 and STS-B in the GLUE release layout: a sentiment word decides the label or the score."""
-    return write_glue(tmp_path / "glue")
+    return write_glue(shared / "glue")
 
 
-def test_a_bpe_run_keeps_its_tokenizer_and_eval_reports_bits_per_byte(corpus, tmp_path, capsys):
-    out = tmp_path / "lm"
-    assert (
-        main(["train", "--data", corpus, "--tokenizer", "bpe:300", *SIZES, "--steps", "4", "--sample-tokens", "5", "--out", str(out)]) == 0
-    )
+@pytest.fixture(scope="module")
+def bpe_lm(corpus, shared):
+    """A causal LM of BPE tokens trained by the command line, long enough (30 steps) to learn where commas go."""
+    out = shared / "lm"
+    flags = ["--data", corpus, "--tokenizer", "bpe:300", *SIZES, "--steps", "30", "--lr", "1e-2", "--sample-tokens", "5"]
+    assert main(["train", *flags, "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def pretrained(corpus, shared):
+    """A masked LM of BPE tokens (3 steps): the model the fine-tuning tests start from (none changes it)."""
+    out = shared / "mlm"
+    flags = ["--data", corpus, "--tokenizer", "bpe:300", "--task", "mlm", *SIZES, "--steps", "3"]
+    assert main(["train", *flags, "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def sst2(pretrained, glue, shared):
+    """The masked LM fine-tuned on SST-2 (60 steps: enough to learn the one word that decides the label)."""
+    out = shared / "sst2"
+    finetune = ["finetune", str(pretrained), "--data", f"glue-sst2:{glue}", "--steps", "60", "--lr", "3e-3", "--eval-every", "30"]
+    assert main([*finetune, "--batch-size", "16", "--out", str(out)]) == 0
+    return out
+
+
+def test_a_bpe_run_keeps_its_tokenizer_and_eval_reports_bits_per_byte(bpe_lm, corpus, tmp_path, capsys):
+    out = bpe_lm
     assert (out / "tokenizer.json").is_file() and (out / "model" / "tokenizer.json").is_file()
     run = open_run(out)
     assert run.tokenizer.name == "bpe:300" and run.config.vocab_size == 300 and run.settings["tokenizer"] == "bpe:300"
@@ -58,29 +87,8 @@ def test_a_bpe_run_keeps_its_tokenizer_and_eval_reports_bits_per_byte(corpus, tm
     assert row["words"] == len(open(corpus, "rb").read()[-row["bytes"] :].split())  # the words of the text its targets spell
 
 
-def test_generate_with_a_bpe_run_decodes_text_and_honours_a_stop_string(corpus, tmp_path, capsys):
-    out = tmp_path / "lm"
-    assert (
-        main(
-            [
-                "train",
-                "--data",
-                corpus,
-                "--tokenizer",
-                "bpe:300",
-                *SIZES,
-                "--steps",
-                "30",
-                "--lr",
-                "1e-2",
-                "--sample-tokens",
-                "0",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+def test_generate_with_a_bpe_run_decodes_text_and_honours_a_stop_string(bpe_lm, capsys):
+    out = bpe_lm
     capsys.readouterr()
     assert (
         main(["generate", str(out), "--prompt", "The good play", "--temperature", "0", "--max-new-tokens", "60", "--stop", ",", "--check"])
@@ -148,19 +156,13 @@ def test_glue_sources_tokenize_pairs_hold_out_validation_and_refuse_bad_options(
         load_data("listops:train=10:val=10:test=10", 0, tokenizer="bpe:300")
 
 
-def test_mlm_pretraining_then_finetuning_on_glue(corpus, glue, tmp_path, capsys):
-    pretrained = tmp_path / "mlm"
-    flags = ["--data", corpus, "--tokenizer", "bpe:300", "--task", "mlm", *SIZES, "--steps", "3"]
-    assert main(["train", *flags, "--out", str(pretrained)]) == 0
-    out = tmp_path / "sst2"
-    finetune = ["finetune", str(pretrained), "--data", f"glue-sst2:{glue}", "--steps", "60", "--lr", "3e-3", "--eval-every", "30"]
-    assert main([*finetune, "--batch-size", "16", "--out", str(out)]) == 0
-    state = load_checkpoint(out)
+def test_mlm_pretraining_then_finetuning_on_glue(pretrained, sst2, glue, tmp_path, capsys):
+    state = load_checkpoint(sst2)
     assert state["train_config"]["init"] == str(pretrained) and state["train_config"]["tokenizer"].startswith("bpe:")
     assert state["tokenizer"] == load_checkpoint(pretrained)["tokenizer"]  # the pretrained model's ids
     assert state["model_config"]["task"] == "classify" and state["model_config"]["num_classes"] == 2
     capsys.readouterr()
-    assert main(["eval", str(out), "--json", str(tmp_path / "glue.json")]) == 0
+    assert main(["eval", str(sst2), "--json", str(tmp_path / "glue.json")]) == 0
     rows = {row["split"]: row for row in json.loads((tmp_path / "glue.json").read_text())["results"]}
     assert rows["test"]["examples"] == 80 and rows["test"]["accuracy"] > 0.9  # one word decides the label
     stsb = tmp_path / "stsb"
@@ -170,9 +172,7 @@ def test_mlm_pretraining_then_finetuning_on_glue(corpus, glue, tmp_path, capsys)
     assert {"pearson", "spearman"} <= set(row) and "accuracy" not in row
 
 
-def test_finetuning_starts_from_the_pretrained_weights(corpus, glue, tmp_path):
-    pretrained = tmp_path / "mlm"
-    assert main(["train", "--data", corpus, "--task", "mlm", *SIZES, "--steps", "2", "--out", str(pretrained)]) == 0
+def test_finetuning_starts_from_the_pretrained_weights(pretrained, glue, tmp_path):
     out = tmp_path / "ft"
     assert main(["finetune", str(pretrained), "--data", f"glue-sst2:{glue}", "--steps", "1", "--lr", "1e-12", "--out", str(out)]) == 0
     before, after = load_checkpoint(pretrained)["model"], load_checkpoint(out)["model"]
@@ -181,11 +181,7 @@ def test_finetuning_starts_from_the_pretrained_weights(corpus, glue, tmp_path):
         assert torch.allclose(after[name], value, atol=1e-9), name
 
 
-def test_finetuning_a_copied_checkpoint_reads_its_tokenizer_from_it_and_writes_runs_finetune(corpus, glue, tmp_path, monkeypatch):
-    pretrained = tmp_path / "mlm"
-    assert (
-        main(["train", "--data", corpus, "--tokenizer", "bpe:300", "--task", "mlm", *SIZES, "--steps", "1", "--out", str(pretrained)]) == 0
-    )
+def test_finetuning_a_copied_checkpoint_reads_its_tokenizer_from_it_and_writes_runs_finetune(pretrained, glue, tmp_path, monkeypatch):
     (tmp_path / "copy").mkdir()
     shutil.copy(pretrained / "checkpoint.pt", tmp_path / "copy" / "checkpoint.pt")  # no tokenizer.json beside it
     monkeypatch.chdir(tmp_path)
@@ -196,15 +192,12 @@ def test_finetuning_a_copied_checkpoint_reads_its_tokenizer_from_it_and_writes_r
     assert load_checkpoint(tmp_path / "runs" / "finetune")["step"] == 2
 
 
-def test_finetune_refuses_what_it_cannot_start_from(corpus, glue, tmp_path, capsys):
-    causal, masked, classifier = (tmp_path / name for name in ("lm", "mlm", "classifier"))
+def test_finetune_refuses_what_it_cannot_start_from(corpus, glue, bpe_lm, pretrained, tmp_path, capsys):
+    """Refused: a classifier (trained by ``train --task classify``), a missing run, a masked LM without
+    classification data, and a causal LM on a classification task; the shared runs are only read."""
+    causal, masked, classifier = bpe_lm, pretrained, tmp_path / "classifier"
     sst2 = ["--data", f"glue-sst2:{glue}"]
-    for run, flags in (
-        (causal, ["--data", corpus]),
-        (masked, ["--data", corpus, "--task", "mlm"]),
-        (classifier, [*sst2, "--task", "classify"]),
-    ):
-        assert main(["train", *flags, *SIZES, "--steps", "1", "--out", str(run)]) == 0
+    assert main(["train", *sst2, "--task", "classify", *SIZES, "--steps", "1", "--out", str(classifier)]) == 0
     for arguments, message in [
         ([str(classifier), *sst2], "starts from a masked LM (task mlm: a classifier follows) or a causal language model"),
         ([str(tmp_path / "missing"), *sst2], "does not exist"),

@@ -1,10 +1,10 @@
 """Nothing a user trained is lost or silently replaced: run directories, resumes, signals, divergence."""
 
 import json
+import os
 import shutil
 import signal
-import subprocess
-import sys
+import threading
 import time
 
 import pytest
@@ -26,7 +26,7 @@ def tiny(text_file, out, **overrides) -> TrainConfig:
 
 def cli_train(text_file, out, *extra) -> list[str]:
     sizes = ["--data", text_file, "--dim", "8", "--depth", "1", "--seq-len", "16", "--batch-size", "2"]
-    quiet = ["--eval-every", "100", "--eval-tokens", "64"]
+    quiet = ["--eval-every", "100", "--eval-tokens", "64", "--sample-tokens", "16"]
     return ["train", *sizes, *quiet, "-o", "rpe_dim=4", "--out", str(out), *extra]
 
 
@@ -168,31 +168,50 @@ def uninterrupted(tmp_path_factory):
     return str(corpus), root / "a"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_saves_a_checkpoint_and_resume_finishes_the_same_run(uninterrupted, tmp_path, stop, keep_threads):
-    """Signalled after 5 of 200 steps (each a few milliseconds: far from the end), resumed in-process: the
-    steps and weights of the uninterrupted run."""
-    text_file, straight = uninterrupted
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tokenmix.cli", *cli_train(text_file, tmp_path / "b", *SIGNALLED_STEPS)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.time() + 120
-    while len(steps_logged_safely(tmp_path / "b")) < 5 and process.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    process.send_signal(stop)
-    out, err = process.communicate(timeout=120)
-    assert process.returncode == 130, out + err
+def stopped_by(stop: signal.Signals, arguments: list[str], run, after: int, capsys) -> int:
+    """``tokenmix`` run in this process, sent ``stop`` from another thread once ``after`` steps are logged (as
+    from another process: Python runs the handler in the main thread); its exit status 130 and message checked.
+    Returns the step it saved."""
+    late, done = [], threading.Event()
+    previous = signal.signal(stop, lambda *_: late.append(stop))  # a signal after training ended: recorded, not fatal
+
+    def watch():
+        deadline = time.time() + 120
+        while len(steps_logged_safely(run)) < after and not done.is_set() and time.time() < deadline:
+            time.sleep(0.02)
+        if not done.is_set():
+            os.kill(os.getpid(), stop)
+
+    capsys.readouterr()
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        status = main(arguments)
+    finally:  # no signal sent once the handler is gone, whatever happened
+        done.set()
+        watcher.join()
+        signal.signal(stop, previous)
+    out, err = capsys.readouterr()
+    assert status == 130 and not late, out + err
     assert "Traceback" not in err and "checkpoint saved" in err and "--resume" in err
-    stopped_at = load_checkpoint(tmp_path / "b")["step"]
-    assert 5 <= stopped_at < 200
-    assert main(["train", "--resume", "--out", str(tmp_path / "b")]) == 0
-    assert steps_logged(tmp_path / "b") == list(range(1, 201))
+    return load_checkpoint(run)["step"]
+
+
+@pytest.mark.slow
+def test_a_signal_saves_a_checkpoint_and_resume_finishes_the_same_run(uninterrupted, tmp_path, keep_threads, capsys):
+    """SIGINT after 5 of 200 steps (each a few milliseconds: far from the end), a resume stopped by SIGTERM 5
+    steps later, a resume to the end: the steps and weights of the uninterrupted run."""
+    assert threading.current_thread() is threading.main_thread()  # where the handlers are installed
+    text_file, straight = uninterrupted
+    run = tmp_path / "b"
+    first = stopped_by(signal.SIGINT, cli_train(text_file, run, *SIGNALLED_STEPS), run, 5, capsys)
+    assert 5 <= first < 200
+    second = stopped_by(signal.SIGTERM, ["train", "--resume", "--out", str(run)], run, first + 5, capsys)
+    assert first + 5 <= second < 200
+    assert main(["train", "--resume", "--out", str(run)]) == 0
+    assert steps_logged(run) == list(range(1, 201))
     for name, tensor in weights(straight).items():
-        assert torch.equal(tensor, weights(tmp_path / "b")[name]), name
+        assert torch.equal(tensor, weights(run)[name]), name
 
 
 def steps_logged_safely(run) -> list[int]:

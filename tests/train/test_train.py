@@ -158,8 +158,8 @@ DDP_SCRIPT = textwrap.dedent(
     """
     import sys, torch, torch.distributed as dist
     from tokenmix.train import TrainConfig, Trainer
-    config = TrainConfig(data=sys.argv[1], dim=16, depth=1, seq_len=32, batch_size=2, steps=4,
-                         eval_every=2, eval_tokens=128, out=sys.argv[2], options={"rpe_dim": 8},
+    config = TrainConfig(data=sys.argv[1], dim=8, depth=1, seq_len=16, batch_size=2, steps=4,
+                         eval_every=2, eval_tokens=64, final_eval_tokens=64, out=sys.argv[2], options={"rpe_dim": 4},
                          save_every="0.001s")  # time-based saves: the ranks must agree on each one
     trainer = Trainer(config, progress=False)
     before = torch.cat([p.detach().flatten() for p in trainer.model.parameters()]).clone()
