@@ -98,7 +98,10 @@ def kill_repeatedly(command: list[str], run: Path, kills: int, seed: int, proces
                 job.wait(timeout=600)
                 assert job.returncode == 0, log.read_text()[-3000:]
                 return made
-            os.kill(rng.choice(targets), signal.SIGKILL)
+            try:
+                os.kill(rng.choice(targets), signal.SIGKILL)
+            except ProcessLookupError:  # it ended first (its run finished, or torchrun replaced its group): look again
+                continue
             made += 1
             if processes == 1:
                 job.wait()
