@@ -1,4 +1,7 @@
+import errno
 import os
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +16,9 @@ def pytest_configure(config):
     if workers:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         torch.set_num_threads(max(1, cpus // int(workers)))
+    # Inductor compiles its kernels in this process rather than starting a pool of compiling processes (each of
+    # which imports torch): the same kernels, without the pool's start-up on a machine the workers already fill.
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -129,3 +135,32 @@ def tiny_runs(tmp_path_factory) -> dict:
     runs["export"] = root / "export"
     assert main(["export-hf", str(runs["lm"]), str(runs["export"])]) == 0
     return runs
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 8 MiB tmpfs (root only: skipped elsewhere), unmounted after the test."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip("mounting a tmpfs needs root: " + mounted.stderr.decode(errors="replace").strip())
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def fill(disk: Path) -> None:
+    """Write a filler file until the disk is full."""
+    with open(disk / "filler", "wb", buffering=0) as filler:
+        chunk = b"\0" * 65536
+        with pytest.raises(OSError) as full:
+            while True:
+                filler.write(chunk)
+        assert full.value.errno == errno.ENOSPC
+        while len(chunk) > 1:  # the last partial pages too
+            chunk = chunk[: len(chunk) // 2]
+            try:
+                while True:
+                    filler.write(chunk)
+            except OSError:
+                pass

@@ -24,6 +24,7 @@ COMMANDS = next(a for a in build_parser()._actions if isinstance(a, argparse._Su
 BENCH_RECORD = {"kind": "mixer", "mixer": "tno", "causal": False, "length": 8, "forward_ms": 1.0, "forward_backward_ms": 3.0}
 # Valid invocations: (positional arguments, options); {name} stands for a file from the ``inputs`` fixture.
 VALID = {
+    "prepare": (["{corpus}"], ["--out", "{fresh}", "--workers", "1"]),
     "train": ([], ["--data", "{corpus}", *TINY_RUN, "--steps", "1", "--out", "{fresh}"]),
     "finetune": (["{mlm}"], ["--data", "glue-sst2:{glue}", "--steps", "1", "--out", "{fresh}"]),
     "eval": (["{lm}"], ["--max-tokens", "32"]),

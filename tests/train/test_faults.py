@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import usage_error
+from conftest import fill, usage_error
 
 import tokenmix
 from tokenmix.cli import main
@@ -78,35 +78,6 @@ REASONS = {errno.ENOSPC: "the disk is full", errno.EROFS: "the file system is re
 
 def contents(folder: Path) -> dict[str, bytes]:
     return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real 8 MiB tmpfs (root only: skipped elsewhere), unmounted after the test."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip("mounting a tmpfs needs root: " + mounted.stderr.decode(errors="replace").strip())
-    yield disk
-    subprocess.run(["umount", "-l", str(disk)], check=True)
-
-
-def fill(disk: Path) -> None:
-    """Write a filler file until the disk is full."""
-    with open(disk / "filler", "wb", buffering=0) as filler:
-        chunk = b"\0" * 65536
-        with pytest.raises(OSError) as full:
-            while True:
-                filler.write(chunk)
-        assert full.value.errno == errno.ENOSPC
-        while len(chunk) > 1:  # the last partial pages too
-            chunk = chunk[: len(chunk) // 2]
-            try:
-                while True:
-                    filler.write(chunk)
-            except OSError:
-                pass
 
 
 def fault_at_every_write(monkeypatch, number: int) -> None:

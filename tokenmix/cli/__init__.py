@@ -1,4 +1,4 @@
-"""``tokenmix`` command line: train, finetune, eval, generate, distil, serve, plot, recipes, export-hf, bench, compare.
+"""``tokenmix`` command line: prepare, train, finetune, eval, generate, distil, serve, plot, recipes, export-hf, bench, compare.
 
 Each command reads and checks its input (arguments, data, checkpoints) inside ``user_input()``:
 a problem there is reported in one line (exit status 2). Errors after that are bugs and keep
@@ -19,12 +19,12 @@ from ..mixers.registry import list_mixers
 from ..models.registry import list_models
 from ..runtime import retain_freed_memory
 from ..version import __version__
-from . import bench, compare, convert_checkpoint, distil, evaluate, export_hf, finetune, generate, plot, recipes, serve, train
+from . import bench, compare, convert_checkpoint, distil, evaluate, export_hf, finetune, generate, plot, prepare, recipes, serve, train
 from .arguments import Parser
 from .common import INTERRUPTED_STATUS
 
 # in the order --help lists them
-COMMANDS = (train, finetune, evaluate, generate, distil, serve, plot, recipes, export_hf, convert_checkpoint, bench, compare)
+COMMANDS = (prepare, train, finetune, evaluate, generate, distil, serve, plot, recipes, export_hf, convert_checkpoint, bench, compare)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,11 +15,12 @@ def step_generator(seed: int, step: int, rank: int = 0) -> torch.Generator:
 
 
 def random_windows(data: torch.Tensor, batch_size: int, length: int, generator: torch.Generator) -> torch.Tensor:
-    """``batch_size`` random windows of ``length + 1`` tokens, (batch, length + 1) int64."""
+    """``batch_size`` random windows of ``length + 1`` tokens, (batch, length + 1) int64. ``data``: a 1-D tensor
+    or a prepared split (``prepared.TokenFiles``), which reads only these windows."""
     if data.numel() < length + 1:
         raise ValueError(f"seq_len={length} needs at least {length + 1} tokens; the split has {data.numel()}")
     starts = torch.randint(0, data.numel() - length, (batch_size,), generator=generator)
-    return data[starts[:, None] + torch.arange(length + 1)].long()
+    return torch.stack([data[start : start + length + 1] for start in starts.tolist()]).long()
 
 
 def lm_batch(data: torch.Tensor, batch_size: int, length: int, generator: torch.Generator):
@@ -73,21 +74,22 @@ class StreamBatches:
 
     The split is cut into ``rows * world_size`` equal streams; this rank reads ``rows`` of them.
     Step s reads segment s mod ``segments`` of each stream, so consecutive steps continue the same
-    text and a model's memory stays meaningful; a new pass over the data starts fresh.
+    text and a model's memory stays meaningful; a new pass over the data starts fresh. ``data``: a 1-D
+    tensor or a prepared split, read segment by segment.
     """
 
-    def __init__(self, data: torch.Tensor, rows: int, length: int, rank: int = 0, world_size: int = 1):
+    def __init__(self, data, rows: int, length: int, rank: int = 0, world_size: int = 1):
         total_rows = rows * world_size
         stream_length = data.numel() // total_rows
         self.segments = (stream_length - 1) // length
         if self.segments < 1:
             raise ValueError(f"the split ({data.numel()} tokens) is too short for {total_rows} streams of {length + 1} tokens")
-        table = data[: total_rows * stream_length].view(total_rows, stream_length)
-        self.rows = table[rank * rows : (rank + 1) * rows]
-        self.length = length
+        self.data, self.length = data, length
+        self.starts = [stream * stream_length for stream in range(rank * rows, (rank + 1) * rows)]
 
     def batch(self, step: int):
         """(inputs, targets, fresh): fresh is True where a pass over the streams begins."""
         segment = step % self.segments
-        window = self.rows[:, segment * self.length : (segment + 1) * self.length + 1].long()
+        offset = segment * self.length
+        window = torch.stack([self.data[start + offset : start + offset + self.length + 1] for start in self.starts]).long()
         return window[:, :-1], window[:, 1:], segment == 0

@@ -12,6 +12,7 @@ the split as ``batch_size`` contiguous streams instead, segment by segment, memo
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 
@@ -47,9 +48,9 @@ def _evaluate(
     model.eval()
     device = next(model.parameters()).device
     total, count, text_bytes = 0.0, 0, 0
-    windows = list(contiguous_windows(data, length))
-    for start in range(0, len(windows), batch_size):
-        inputs, next_tokens, mask = (torch.stack(column) for column in zip(*windows[start : start + batch_size], strict=True))
+    windows = contiguous_windows(data, length)  # read as they are evaluated: a prepared split stays on disk
+    while batch := list(itertools.islice(windows, batch_size)):
+        inputs, next_tokens, mask = (torch.stack(column) for column in zip(*batch, strict=True))
         inputs, targets = objective(inputs, next_tokens, mask)
         targets = targets.masked_fill(~mask, -100).to(device)
         logits = model(inputs.to(device), None if bool(mask.all()) else mask.to(device))
@@ -68,13 +69,14 @@ def _evaluate_streams(model, data: torch.Tensor, length: int, batch_size: int, b
         model = model.with_options(segment_length=length)
     rows = max(1, min(batch_size, (data.numel() - 1) // length))
     stream_length = (data.numel() - 1) // rows
-    table = data[torch.arange(rows)[:, None] * stream_length + torch.arange(stream_length + 1)[None, :]].long()
+    starts = [row * stream_length for row in range(rows)]
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     total, text_bytes, state = 0.0, 0, model.init_state(rows, device=device)
     for start in range(0, stream_length, length):
-        window = table[:, start : start + length + 1].to(device)
+        end = min(start + length, stream_length) + 1
+        window = torch.stack([data[first + start : first + end] for first in starts]).long().to(device)
         logits, state = model(window[:, :-1], state=state, return_state=True)
         total += float(F.cross_entropy(logits.flatten(0, 1).float(), window[:, 1:].flatten(), reduction="sum"))
         text_bytes += _bytes(window[:, 1:], byte_lengths)
