@@ -192,6 +192,35 @@ class Choice(Kind):
         return f": {', '.join(self.names)}" if self.listed else ""
 
 
+class Names(Choice):
+    """Comma-separated names, each one of ``names``; in Python a list of them (or that text)."""
+
+    def describe(self) -> str:
+        return f"comma-separated names among {', '.join(self.names)}"
+
+    def parse(self, text: str) -> list[str]:
+        chosen = [part.strip() for part in text.split(",") if part.strip()]
+        unknown = [name for name in chosen if name not in self.names]
+        if not chosen or unknown:
+            raise ValueError(f"must be {self.describe()}, got {text!r}")
+        return chosen
+
+    def check(self, value, name: str):
+        if value is None and self.optional:
+            return None
+        if isinstance(value, str):
+            try:
+                value = self.parse(value)
+            except ValueError as error:
+                raise ValueError(f"{name} {error}") from None
+        if not isinstance(value, (list, tuple)) or any(not isinstance(item, str) or item not in self.names for item in value):
+            raise ValueError(f"{name} must be a list of names among {', '.join(self.names)}, got {value!r}")
+        return list(dict.fromkeys(value))  # each once, in the order given
+
+    def invalid(self) -> list[str]:
+        return ["", ",", "no-such-name", f"{self.names[0]},no-such-name"]
+
+
 class Text(Kind):
     """Any text but the empty one."""
 

@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ..fields import Choice, Kind, Number, Text, check_writable
+from ..fields import Kind, Number, Text, check_writable
 
 
 class KindReaders(dict):
@@ -44,23 +44,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
-
-
-class Names(Choice):
-    """Comma-separated names, each one of ``names``."""
-
-    def describe(self) -> str:
-        return f"comma-separated names among {', '.join(self.names)}"
-
-    def parse(self, text: str) -> list[str]:
-        chosen = [part.strip() for part in text.split(",") if part.strip()]
-        unknown = [name for name in chosen if name not in self.names]
-        if not chosen or unknown:
-            raise ValueError(f"must be {self.describe()}, got {text!r}")
-        return chosen
-
-    def invalid(self) -> list[str]:
-        return ["", ",", "no-such-name", f"{self.names[0]},no-such-name"]
 
 
 class Lengths(Kind):

@@ -7,12 +7,12 @@ import torch
 
 from ..bench.cases import DTYPES, KINDS
 from ..compilation import COMPILE_MODES
-from ..fields import Choice, Integer, Number, Output
+from ..fields import Choice, Integer, Names, Number, Output
 from ..mixers.registry import list_mixers
 from ..models.registry import list_models
 from ..precision import PRECISIONS
 from ..train.config import DEVICE
-from .arguments import Cpus, KeyValue, Lengths, Names
+from .arguments import Cpus, KeyValue, Lengths
 
 
 def add_bench_arguments(parser) -> None:

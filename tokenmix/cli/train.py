@@ -8,14 +8,13 @@ import sys
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from ..data.tokenizer import TOKENIZER_FILE
 from ..errors import user_input
 from ..fields import Choice, Integer
 from ..generation import generate
 from ..runs.checkpoint import load_checkpoint, resolve_checkpoint
-from ..runs.layout import CHECKPOINT_FILE, METRICS_FILE
+from ..runs.layout import CHECKPOINT_FILE
 from ..train.config import TrainConfig
-from ..train.directory import existing_run_files
+from ..train.directory import STARTED_FILES, existing_run_files
 from ..train.evaluate import describe
 from ..train.loop import Trainer
 from ..train.recipes import apply_recipe
@@ -75,12 +74,12 @@ def add_run_flags(parser, defaults: dict, skipped: tuple[str, ...] = (), helps: 
 
 def resolve_auto_resume(args, default_out: str) -> bool:
     """``--resume auto`` (returns True): resume when ``--out`` holds a checkpoint; otherwise start the run,
-    replacing what a start killed before its first checkpoint left (its metrics and tokenizer), and nothing else."""
+    replacing what a start killed before its first checkpoint left (its metrics, tokenizer and trackers' files), and nothing else."""
     if args.resume != AUTO:
         return False
     out = Path(args.out or default_out)
     args.resume = (out / CHECKPOINT_FILE).is_file()
-    if not args.resume and set(existing_run_files(out)) <= {METRICS_FILE, TOKENIZER_FILE}:
+    if not args.resume and set(existing_run_files(out)) <= set(STARTED_FILES):
         args.overwrite = True
     return True
 

@@ -8,13 +8,14 @@ from dataclasses import dataclass, fields
 
 from ..data.tokenizer import parse_tokenizer_spec
 from ..devices import check_device_name
-from ..fields import Choice, Existing, Integer, Number, Output, Parsed, check_settings, setting
+from ..fields import Choice, Existing, Integer, Names, Number, Output, Parsed, check_settings, setting
 from ..models.config import POOLS, ModelConfig
 from ..models.registry import list_models, resolve_model
 from ..parallel.distributed import DEFAULT_COLLECTIVE_TIMEOUT
 from ..precision import PRECISIONS
 from .recipes import list_recipes
 from .schedule import SCHEDULES
+from .sinks import SINKS
 
 TRAIN_TASKS = ("lm", "mlm", "classify")
 DEFAULT_WARMUP = 50  # steps of linear warmup when none is given: the demo's 50 of 450, so a ninth of shorter runs
@@ -106,6 +107,11 @@ class TrainConfig:
     save_every: str = setting(
         "5m", INTERVAL, "write checkpoint.pt every N steps (e.g. 200) or every time T (e.g. 10m, 90s); also at the end and on Ctrl-C"
     )
+    log: list | None = setting(
+        None,
+        Names(("none", *SINKS), optional=True),
+        "also send the metrics to these trackers, e.g. tensorboard,wandb (docs/training.md#trackers); none: to none (at a resume)",
+    )
     check_finite: bool = setting(False, None, "debug: every mixer refuses NaN/Inf inputs, which an FFT would spread to earlier positions")
     device: str = setting("auto", DEVICE, "auto (CUDA when available), cpu, cuda or cuda:N")
     out: str = setting("runs/demo", Output("a folder for the run", folder=True), "run directory: checkpoint.pt, metrics.jsonl, model/")
@@ -146,6 +152,10 @@ class TrainConfig:
                 "--compile with --context-parallel: the exchanges between processes run inside the blocks, which a compiled "
                 "block cannot hold; train without --compile, or without --context-parallel"
             )
+        if self.log is not None and "none" in self.log:
+            if len(self.log) > 1:
+                raise ValueError(f"--log none (no tracker) goes alone, got {','.join(self.log)}")
+            self.log = None
         if not isinstance(self.options, dict):
             raise ValueError(f"options must be a dict of model options, got {type(self.options).__name__}")
 

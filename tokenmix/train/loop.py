@@ -13,7 +13,7 @@ time), when training ends, and on SIGINT (Ctrl-C) or SIGTERM, after which the ru
 last good checkpoint in place. Run directories follow ``directory.py``: never two runs in one.
 The run's settings are ``config.py``'s, what it reads and builds before training ``setup.py``'s,
 how its model spreads over processes ``tokenmix.parallel.parallelize``'s, its checkpoint and resume
-``checkpointing.py``'s, how it stops early ``stopping.py``'s.
+``checkpointing.py``'s, how it stops early ``stopping.py``'s, the trackers its metrics also go to (``--log``) ``sinks.py``'s.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from .objectives import Objective
 from .optim import build_optimizer
 from .schedule import lr_multiplier, steps_in_budget
 from .session import Session
-from .setup import build_model, configure_process, join_processes, prepare_directory, read_run_data
+from .setup import build_model, configure_process, join_processes, prepare_directory, read_run_data, start_trackers
 from .stopping import StopSignals, TrainingDiverged, TrainingInterrupted
 
 CALIBRATION_STEPS = 5
@@ -140,6 +140,7 @@ class Trainer:
             prepare = functools.partial(self._prepare_run, saved=saved, overwrite=overwrite, memory_check=memory_check)
             self.parallel = parallelize(self.model, self.dims, parallelism, prepare)
             self._build_optimizer()
+            self.sinks = start_trackers(config, self.model, self.out, saved, self.dims.is_main)  # --log, ended by ``run``
             if saved is not None:
                 self._resume(saved)
         except BaseException:
@@ -186,9 +187,10 @@ class Trainer:
         return lr_multiplier(step, total, self.warmup_steps, self.config.schedule, self.config.min_lr_ratio)
 
     def log(self, record: dict) -> None:
-        """A record in the run's metrics (the main process writes them)."""
+        """A record in the run's metrics, and its metrics to the trackers of ``--log`` (the main process writes them)."""
         if self.dims.is_main:
             append_metrics(self.out, record)
+            self.sinks.log(record)
 
     # steps ----------------------------------------------------------------------------------
     def batch(self, step: int):
@@ -245,7 +247,7 @@ class Trainer:
         writes the run after training), so another process may resume it. Raises TrainingInterrupted after saving when
         SIGINT/SIGTERM arrives, TrainingDiverged on a non-finite loss (nothing saved over the last good checkpoint)."""
         try:
-            with self.dims.faults("the other processes during training"):
+            with self.sinks, self.dims.faults("the other processes during training"):  # the trackers' runs end with it
                 return self._train()
         finally:
             self.release_lock()

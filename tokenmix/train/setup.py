@@ -1,10 +1,10 @@
 """What a run reads and builds before its first step, in the order ``Trainer`` needs them: the process's
-settings, the pretrained model a fine-tuning run starts from, the tokenizer, the data, the model, and the
-run directory (touched last, once every setting is checked)."""
+settings, the pretrained model a fine-tuning run starts from, the tokenizer, the data, the model, the
+run directory (touched last, once every setting is checked), and the trackers the metrics also go to."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -28,11 +28,13 @@ from .config import TrainConfig
 from .directory import check_directory, claim_directory, clean_stale, truncate_metrics
 from .finetune import check_init_task, load_initial_weights
 from .objectives import Objective, check_task, objective_for
+from .sinks import LogSinks, check_installed
 
 
 def configure_process(config: TrainConfig) -> torch.device:
     """This process set up for the run (threads, finite checks); its device. ValueError, before any data is
-    read, for a task the data cannot learn or a launch the run's parallelism does not fit."""
+    read, for a task the data cannot learn, a launch the run's parallelism does not fit, or a tracker (``--log``)
+    whose library is missing."""
     if config.threads:
         set_threads(config.threads)
     if config.check_finite:
@@ -40,6 +42,7 @@ def configure_process(config: TrainConfig) -> torch.device:
     device = resolve_device(config.device)
     check_task(config.data, config.task)  # before the data is read or generated
     check_launch(config.context_parallel, config.fsdp)
+    check_installed(config.log or ())
     return device
 
 
@@ -153,3 +156,12 @@ def prepare_directory(out: Path, checkpoint: dict | None, overwrite: bool, token
     if tokenizer is not None:
         tokenizer.save(out / TOKENIZER_FILE)
     return removed
+
+
+def start_trackers(config: TrainConfig, model: SequenceModel, out: Path, checkpoint: dict | None, is_main: bool) -> LogSinks:
+    """The trackers of ``--log`` (``sinks.py``) for the run in ``out``, going on from its ``checkpoint`` (None: a new
+    run), with its resolved settings; started by the main process alone, which alone writes ``metrics.jsonl``."""
+    if not (is_main and config.log):
+        return LogSinks()
+    settings = {"train": asdict(config), "model": model.config.to_dict()}
+    return LogSinks.open(config.log, out, settings, checkpoint["step"] if checkpoint else 0)
