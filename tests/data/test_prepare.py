@@ -19,6 +19,7 @@ from conftest import TINY_RUN, fill
 
 from tokenmix.cli import main
 from tokenmix.data import load_data, random_windows, step_generator
+from tokenmix.data.batches import document_lm_batch
 from tokenmix.data.prepare import MANIFEST, PrepareOptions, prepare
 from tokenmix.data.prepared import TokenFiles
 from tokenmix.data.shard_encoder import SPLITS
@@ -266,3 +267,37 @@ def test_a_full_disk_stops_prepare_in_one_line_and_a_second_run_finishes(small_d
     (small_disk / "filler").unlink()
     assert main([*arguments, "--out", str(out)]) == 0
     assert folder_bytes(out) == folder_bytes(tmp_path / "straight")
+
+
+def test_windows_within_documents_hold_one_document_each_and_pad_the_short(prepared):
+    """Every row of a ``windows=within`` batch is a stretch of one document (a short one whole, then padding that
+    is masked and never a target), drawn as reproducibly as the windows that cross documents."""
+    data = load_data(f"{prepared}:windows=within", 16)
+    documents = [bytes(document) for document in read_documents_back(prepared)["train"]]  # byte ids: a document's bytes
+    padded = 0
+    for step in range(20):
+        inputs, targets, mask = document_lm_batch(data.train, 4, 1024, step_generator(0, step), pad_id=0)
+        again = document_lm_batch(data.train, 4, 1024, step_generator(0, step), pad_id=0)
+        assert torch.equal(inputs, again[0]) and torch.equal(targets, again[1])
+        real = torch.ones_like(inputs, dtype=torch.bool) if mask is None else mask
+        for row in range(4):
+            count = int(real[row].sum())
+            last = [int(targets[row, -1])] if count == 1024 else []  # a short document's separator has no target
+            ids = bytes([*inputs[row, :count].tolist(), *last])
+            assert any(ids in document for document in documents), row
+            assert torch.equal(targets[row, : count - 1], inputs[row, 1:count])
+            if count < 1024:  # the whole of a short document, then padding
+                padded += 1
+                assert ids in documents and (targets[row, count - 1 :] == -100).all() and (inputs[row, count:] == 0).all()
+    assert padded > 0
+
+
+def test_training_within_documents_and_its_refusals(prepared, tmp_path, capsys):
+    assert main(train_arguments(f"{prepared}:windows=within", tmp_path / "lm", "--steps", "2")) == 0
+    assert main(train_arguments(f"{prepared}:windows=within", tmp_path / "mlm", "--steps", "2", "--task", "mlm")) == 0
+    error = one_error_line(train_arguments(f"{prepared}:windows=sideways", tmp_path / "bad", "--steps", "1"), capsys)
+    assert "the options of a prepared folder are windows=across|within" in error, error
+    xl = ["train", "--data", f"{prepared}:windows=within", *TINY_RUN, "--model", "transformer_xl", "--steps", "1"]
+    xl += ["--out", str(tmp_path / "xl")]
+    error = one_error_line(xl, capsys)
+    assert "windows=within does not apply to the segment-recurrent 'transformer_xl'" in error, error

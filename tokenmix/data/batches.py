@@ -23,10 +23,34 @@ def random_windows(data: torch.Tensor, batch_size: int, length: int, generator: 
     return torch.stack([data[start : start + length + 1] for start in starts.tolist()]).long()
 
 
+def document_windows(data, batch_size: int, size: int, generator: torch.Generator, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``batch_size`` windows of ``size`` ids, each inside one document of a prepared split (``data.document_at``):
+    a random id picks the document (documents drawn in proportion to their length), a second draw the window's
+    start in it; a document of fewer ids is the whole of it, padded with ``pad_id``. (windows, real): int64 ids and
+    where they are the document's, both (batch, size)."""
+    windows = torch.full((batch_size, size), pad_id, dtype=torch.long)
+    real = torch.zeros(batch_size, size, dtype=torch.bool)
+    for row, position in enumerate(torch.randint(0, data.numel(), (batch_size,), generator=generator).tolist()):
+        start, end = data.document_at(position)
+        if end - start > size:
+            start += int(torch.randint(0, end - start - size + 1, (1,), generator=generator))
+        ids = data[start : min(end, start + size)]
+        windows[row, : len(ids)], real[row, : len(ids)] = ids, True
+    return windows, real
+
+
 def lm_batch(data: torch.Tensor, batch_size: int, length: int, generator: torch.Generator):
     """(inputs, targets): next-token prediction on random windows."""
     window = random_windows(data, batch_size, length, generator)
     return window[:, :-1], window[:, 1:]
+
+
+def document_lm_batch(data, batch_size: int, length: int, generator: torch.Generator, pad_id: int):
+    """(inputs, targets, mask) of windows within documents: padding is masked and never a target (-100);
+    mask None when no window is padded."""
+    window, real = document_windows(data, batch_size, length + 1, generator, pad_id)
+    targets = window[:, 1:].masked_fill(~real[:, 1:], -100)
+    return window[:, :-1], targets, None if bool(real.all()) else real[:, :-1]
 
 
 def mask_tokens(tokens: torch.Tensor, mask_id: int, vocab_size: int, generator: torch.Generator, rate: float = 0.15):
@@ -50,6 +74,14 @@ def mlm_batch(data: torch.Tensor, batch_size: int, length: int, generator: torch
     """(inputs, targets) of masked-LM windows; random replacements drawn from ``[0, vocab_size)``."""
     window = random_windows(data, batch_size, length - 1, generator)
     return mask_tokens(window, mask_id, vocab_size, generator)
+
+
+def document_mlm_batch(data, batch_size: int, length: int, generator: torch.Generator, mask_id: int, vocab_size: int, pad_id: int):
+    """(inputs, targets, mask) of masked-LM windows within documents: padding masked, never a target."""
+    window, real = document_windows(data, batch_size, length, generator, pad_id)
+    inputs, targets = mask_tokens(window, mask_id, vocab_size, generator)
+    inputs = torch.where(real, inputs, window)  # padding stays padding
+    return inputs, targets.masked_fill(~real, -100), None if bool(real.all()) else real
 
 
 def contiguous_windows(data: torch.Tensor, length: int):

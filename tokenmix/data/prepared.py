@@ -26,10 +26,20 @@ from .shard_encoder import SPLITS
 from .tokenized import TokenCorpus
 from .tokenizer import TOKENIZER_FILE, Tokenizer
 
+WINDOWS = ("across", "within")  # training windows: free to cross documents, or each within one document
 
-def is_prepared(source: str) -> bool:
-    """Whether ``--data`` names a folder ``tokenmix prepare`` wrote."""
-    return Path(source).expanduser().joinpath(MANIFEST).is_file()
+
+def prepared_folder(source: str) -> tuple[str, dict[str, str]] | None:
+    """(folder, options) when ``--data`` is ``DIR[:key=value...]`` of a folder ``tokenmix prepare`` wrote, else None."""
+    parts = source.split(":")
+    for end in range(len(parts), 0, -1):
+        folder = ":".join(parts[:end])
+        if folder and Path(folder).expanduser().joinpath(MANIFEST).is_file():
+            options = dict(part.partition("=")[::2] for part in parts[end:])
+            if any("=" not in part for part in parts[end:]):
+                raise ValueError(f"data {source!r}: the accepted form is DIR[:windows=across|within]")
+            return folder, options
+    return None
 
 
 class TokenFiles:
@@ -42,9 +52,20 @@ class TokenFiles:
         self.ends = np.cumsum([count for _, count in files]).tolist()
         self.dtype, self.vocab_size = dtype, vocab_size
         self._handles: dict[int, int] = {}
+        self._offsets: dict[int, np.ndarray] = {}
 
     def numel(self) -> int:
         return self.ends[-1] if self.ends else 0
+
+    def document_at(self, position: int) -> tuple[int, int]:
+        """[start, end) of the document holding id ``position`` (its separator last), from the shard's index."""
+        index = bisect.bisect_right(self.ends, position)
+        first = self.ends[index - 1] if index else 0
+        if index not in self._offsets:
+            self._offsets[index] = np.memmap(self.paths[index].with_suffix(".idx"), dtype="<i8", mode="r")
+        offsets = self._offsets[index]
+        document = int(np.searchsorted(offsets, position - first, side="right")) - 1
+        return first + int(offsets[document]), first + int(offsets[document + 1])
 
     def __len__(self) -> int:
         return self.numel()
@@ -120,9 +141,13 @@ def check_shard(folder: Path, name: str, tokens: int, documents: int, dtype: np.
 
 
 def open_prepared(source: str, tokenizer: str | Tokenizer | None = None) -> TokenCorpus:
-    """The splits of the prepared folder ``source``; ``tokenizer``: the one the run asks for, which must be the
-    folder's own (None or the default spec ``"bytes"`` takes the folder's)."""
-    folder = Path(source).expanduser()
+    """The splits of the prepared folder of ``source`` (``DIR[:windows=across|within]``); ``tokenizer``: the one
+    the run asks for, which must be the folder's own (None or the default spec ``"bytes"`` takes the folder's)."""
+    path, options = prepared_folder(source)
+    windows = options.pop("windows", "across")
+    if windows not in WINDOWS or options:
+        raise ValueError(f"data {source!r}: the options of a prepared folder are windows={'|'.join(WINDOWS)}, got {source.split(':')[1:]}")
+    folder = Path(path).expanduser()
     manifest = read_manifest(folder)
     own = Tokenizer.load(folder / TOKENIZER_FILE)
     if own.fingerprint != manifest["tokenizer"]["fingerprint"]:
@@ -150,4 +175,5 @@ def open_prepared(source: str, tokenizer: str | Tokenizer | None = None) -> Toke
                 f"data {source!r}: its {split} split holds {splits[split].numel()} ids (a document's split is decided by its hash: "
                 "prepare more documents, e.g. with --text-unit paragraph, or other --val-fraction / --test-fraction)"
             )
-    return TokenCorpus(source, own, notes=[f"prepared: {manifest['splits']['train']['tokens']:,} training ids"], **splits)
+    notes = [f"prepared: {manifest['splits']['train']['tokens']:,} training ids, windows {windows} documents"]
+    return TokenCorpus(source, own, notes=notes, windows=windows, **splits)

@@ -2,8 +2,9 @@
 
 - ``shakespeare``, ``PATH`` (a .txt file or a directory of them), ``bytes:PATH``: byte corpora
   for language modelling (``corpus.py``), held in memory.
-- ``DIR`` that ``tokenmix prepare`` wrote (it holds ``manifest.json``): token shards read in place, in the
-  tokenizer the folder holds (``prepared.py``).
+- ``DIR[:windows=across|within]`` that ``tokenmix prepare`` wrote (it holds ``manifest.json``): token shards
+  read in place, in the tokenizer the folder holds; training windows may cross documents (the default) or
+  stay within one (``prepared.py``).
 - ``wikitext:DIR[:variant=tokens|raw]``: WikiText-103 / WikiText-2 from ``wiki.{train,valid,test}.tokens``
   (or ``.raw``), a byte corpus (``wikitext.py``).
 - ``glue-TASK:DIR[:max_length=N][:val_fraction=F][:dev=matched|mismatched]``: a GLUE task
@@ -40,7 +41,7 @@ from .lra_image import load_lra_image
 from .lra_pathfinder import load_lra_pathfinder
 from .lra_retrieval import load_lra_retrieval
 from .lra_text import load_lra_text
-from .prepared import is_prepared, open_prepared
+from .prepared import open_prepared, prepared_folder
 from .recall import PREFIX as RECALL
 from .recall import AssociativeRecall, parse_recall
 from .shapes import load_shapes
@@ -81,7 +82,7 @@ def load_data(source: str, length: int, seed: int = 0, tokenizer: str | Tokenize
             return loader(spec.directory, **options, **({"seed": seed} if seeded else {}))
     if kind == "recall":
         return parse_recall(source, length, seed)
-    if is_prepared(source):
+    if prepared_folder(source) is not None:
         return open_prepared(source, tokenizer)
     wikitext = parse_source(source, WIKITEXT)
     corpus = load_wikitext(wikitext.directory, **wikitext.take_all({"variant": str})) if wikitext else load_corpus(source)

@@ -30,6 +30,7 @@ class TokenCorpus:
     val: torch.Tensor
     test: torch.Tensor
     notes: list[str] = field(default_factory=list)
+    windows: str = "across"  # training windows may cross documents; "within": each in one (prepared data only)
 
     @property
     def vocab_size(self) -> int:

@@ -18,7 +18,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..data.batches import lm_batch, mlm_batch
+from ..data.batches import document_lm_batch, document_mlm_batch, lm_batch, mlm_batch
 from ..data.sources import source_kind
 from .evaluate import EVAL_BATCH, evaluate_classification, evaluate_lm, evaluate_mlm, evaluate_recall, predict
 from .metrics import glue_metrics
@@ -89,10 +89,18 @@ class LanguageModeling(Objective):
         return {"vocab_size": self.data.tokenizer.model_vocab_size(self.task)}
 
     def batch(self, batch_size, seq_len, generator):
-        tokenizer = self.data.tokenizer
+        """Random windows of the training split; with prepared data's ``windows=within``, each in one document."""
+        tokenizer, train = self.data.tokenizer, self.data.train
+        within = self.data.windows == "within"
+        pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0  # masked wherever it is padding
         if self.task == "mlm":
-            return (*mlm_batch(self.data.train, batch_size, seq_len, generator, tokenizer.mask_id, tokenizer.vocab_size), None)
-        return (*lm_batch(self.data.train, batch_size, seq_len, generator), None)
+            masking = (tokenizer.mask_id, tokenizer.vocab_size)
+            if within:
+                return document_mlm_batch(train, batch_size, seq_len, generator, *masking, pad_id)
+            return (*mlm_batch(train, batch_size, seq_len, generator, *masking), None)
+        if within:
+            return document_lm_batch(train, batch_size, seq_len, generator, pad_id)
+        return (*lm_batch(train, batch_size, seq_len, generator), None)
 
     def evaluate(self, model, split, *, length, max_tokens=None, batch_size=EVAL_BATCH):
         """Loss, perplexity per token, bits per byte; for next-token prediction also the perplexity
