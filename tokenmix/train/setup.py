@@ -128,9 +128,7 @@ def build_model(
     if model.recurrent and not objective.streams:
         raise ValueError(f"data {config.data!r} needs a model that reads whole examples, not the segment-recurrent {config.model!r}")
     if model.recurrent and getattr(objective.data, "windows", "across") == "within":
-        raise ValueError(
-            f"data {config.data!r}: windows=within does not apply to the segment-recurrent {config.model!r}"
-        )
+        raise ValueError(f"data {config.data!r}: windows=within does not apply to the segment-recurrent {config.model!r}")
     problems = context_parallel_problems(model, config.context_parallel) if config.context_parallel > 1 else []
     if problems:
         raise ValueError(f"--context-parallel {config.context_parallel}: " + "; ".join(problems))
