@@ -301,3 +301,15 @@ def test_training_within_documents_and_its_refusals(prepared, tmp_path, capsys):
     xl += ["--out", str(tmp_path / "xl")]
     error = one_error_line(xl, capsys)
     assert "windows=within does not apply to the segment-recurrent 'transformer_xl'" in error, error
+
+
+def test_a_bpe_prepare_run_again_keeps_its_tokenizer_and_another_vocabulary_is_refused(corpus, tmp_path, capsys, monkeypatch):
+    """The second run reads the BPE the first learnt (not relearnt: the cache of learnt BPEs is emptied between)."""
+    arguments = ["prepare", str(corpus[0]), "--tokenizer", "bpe:300", "--out", str(tmp_path / "out")]
+    assert main(arguments) == 0
+    files = folder_bytes(tmp_path / "out")
+    monkeypatch.setenv("TOKENMIX_CACHE", str(tmp_path / "empty-cache"))
+    assert main(arguments) == 0 and folder_bytes(tmp_path / "out") == files
+    assert not (tmp_path / "empty-cache" / "bpe").exists()  # nothing learnt
+    error = one_error_line([*arguments[:3], "bpe:400", *arguments[4:]], capsys)
+    assert "holds a dataset prepared from other inputs (its tokenizer differs)" in error, error

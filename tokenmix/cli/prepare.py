@@ -65,6 +65,15 @@ def run_prepare(args) -> int:
         check_output_path(args.out, "--out", directory=True)
         options = PrepareOptions(args.field, args.text_unit, args.val_fraction, args.test_fraction, args.chunk_mb)
         tokenizer = tokenizer_for(args.tokenizer, args.sources, options, int(args.bpe_sample_mb * (1 << 20)), args.out, progress=True)
-        manifest = prepare(args.sources, tokenizer, args.out, options, workers=args.workers, skip_bad=args.skip_bad, progress=True)
+        manifest = prepare(
+            args.sources,
+            tokenizer,
+            args.out,
+            options,
+            workers=args.workers,
+            skip_bad=args.skip_bad,
+            progress=True,
+            tokenizer_spec=args.tokenizer,
+        )
     print(f"prepared {args.out} ({tokenizer.name}, {manifest['dtype']}):\n{summary(manifest)}")
     return 0

@@ -189,13 +189,24 @@ def encoded_chunks(chunks: Iterator[tuple[list[str], int]], skip: set[int], enco
             yield index_done, size_done, future and future.result()
 
 
+def kept_spec(out: Path) -> str | None:
+    """The ``--tokenizer`` a prepared or begun folder was prepared with (None: no such folder)."""
+    for name in (MANIFEST, PLAN):
+        if (out / name).is_file() and (out / TOKENIZER_FILE).is_file():
+            try:
+                return json.loads((out / name).read_text())["tokenizer"]["spec"]
+            except (OSError, ValueError, KeyError, TypeError):
+                return None
+    return None
+
+
 def tokenizer_for(spec: str, sources: list[str], options: PrepareOptions, sample_bytes: int, out, progress: bool = False) -> Tokenizer:
     """``--tokenizer``: bytes, a tokenizer.json, or bpe:V learnt from the first ``sample_bytes`` of the training
-    documents (through the cache of learnt BPEs). An unfinished ``out`` keeps the tokenizer it began with."""
+    documents (through the cache of learnt BPEs). A folder prepared, or begun, with the same bpe:V keeps the one it
+    learnt."""
     kind, _ = parse_tokenizer_spec(spec)
-    kept = Path(out) / TOKENIZER_FILE
-    if kind == "bpe" and kept.is_file() and (Path(out) / PLAN).is_file():
-        return Tokenizer.load(kept)
+    if kind == "bpe" and kept_spec(Path(out)) == spec:
+        return Tokenizer.load(Path(out) / TOKENIZER_FILE)
     if kind != "bpe":
         return resolve_tokenizer(spec)
     sample, size = [], 0
@@ -210,10 +221,11 @@ def tokenizer_for(spec: str, sources: list[str], options: PrepareOptions, sample
 
 def prepare(
     sources: list[str], tokenizer: Tokenizer, out, options: PrepareOptions = PrepareOptions(), *, workers: int = 1, skip_bad: bool = False,
-    progress: bool = False,
+    progress: bool = False, tokenizer_spec: str | None = None,
 ) -> dict:  # fmt: skip
     """Prepare ``sources`` into ``out`` (see the module docstring) and return the manifest; an unfinished
-    ``out`` of the same inputs is continued, a finished one returned as it is."""
+    ``out`` of the same inputs is continued, a finished one returned as it is. ``tokenizer_spec``: what
+    ``--tokenizer`` said (bpe:V), kept so that a second run asking the same reads the BPE learnt the first time."""
     if workers < 1:
         raise ValueError(f"--workers must be at least 1, got {workers}")
     out = Path(out)
@@ -223,7 +235,12 @@ def prepare(
         "format": FORMAT,
         "version": VERSION,
         "sources": entries,
-        "tokenizer": {"name": tokenizer.name, "fingerprint": tokenizer.fingerprint, "vocab_size": tokenizer.vocab_size},
+        "tokenizer": {
+            "spec": tokenizer_spec or tokenizer.name,
+            "name": tokenizer.name,
+            "fingerprint": tokenizer.fingerprint,
+            "vocab_size": tokenizer.vocab_size,
+        },
         "separator": separator_of(tokenizer),
         "dtype": dtype.name,
         "options": asdict(options),
