@@ -120,7 +120,9 @@ def train_arguments(data: Path, out: Path, *extra: str) -> list[str]:
 
 
 def tiny_run(data: Path, out: Path) -> TrainConfig:
-    return TrainConfig(data=str(data), dim=8, depth=1, seq_len=16, batch_size=2, steps=4, eval_every=2, eval_tokens=64, out=str(out))
+    return TrainConfig(
+        data=str(data), dim=8, depth=1, seq_len=16, batch_size=2, steps=4, eval_every=2, eval_tokens=64, final_eval_tokens=64, out=str(out)
+    )
 
 
 def test_training_on_a_prepared_folder_resumes_exactly(corpus, bpe, tmp_path):
@@ -142,9 +144,9 @@ def test_an_interrupted_prepare_continues_after_its_last_finished_chunk(tmp_path
     """``tokenmix prepare`` killed (SIGKILL) once chunks are finished; run again, it keeps them (the files are
     not rewritten) and ends with what an uninterrupted run writes."""
     folder = tmp_path / "texts"
-    write_corpus(folder, 300, 2000, seed=1)
+    write_corpus(folder, 150, 1000, seed=1)
     bpe.save(tmp_path / "tokenizer.json")
-    arguments = ["prepare", str(folder), "--tokenizer", str(tmp_path / "tokenizer.json"), "--chunk-mb", "0.02", "--workers", "1"]
+    arguments = ["prepare", str(folder), "--tokenizer", str(tmp_path / "tokenizer.json"), "--chunk-mb", "0.01", "--workers", "1"]
     assert main([*arguments, "--out", str(tmp_path / "straight")]) == 0
     out = tmp_path / "out"
     command = [sys.executable, "-m", "tokenmix.cli", *arguments, "--out", str(out)]
