@@ -176,7 +176,10 @@ def encoded_chunks(chunks: Iterator[tuple[list[str], int]], skip: set[int], enco
         for index, (documents, size) in enumerate(chunks):
             yield index, size, None if index in skip else encoder(documents)
         return
-    context = multiprocessing.get_context("spawn")  # a fork of a process that imported torch could hold its locks
+    # Forked, a worker starts at once and imports nothing (spawned, it would import this command, torch with it: ~3 s
+    # and ~0.5 GB each). This process runs no torch operator and holds no lock a worker takes; the tokenizers
+    # library's thread pool, which a BPE learnt here started, is off in the workers (one thread each, as measured).
+    context = multiprocessing.get_context("fork")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=start_worker, initargs=encoder_arguments) as pool:
         pending = collections.deque()
         for index, (documents, size) in enumerate(chunks):

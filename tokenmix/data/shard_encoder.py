@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,8 +88,10 @@ _encoder: ShardEncoder | None = None
 
 
 def start_worker(*arguments) -> None:
-    """A worker process's initializer: the encoder it keeps (``ShardEncoder(*arguments)``)."""
+    """A worker process's initializer: the encoder it keeps (``ShardEncoder(*arguments)``), one thread (the
+    processes are the parallelism)."""
     global _encoder
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _encoder = ShardEncoder(*arguments)
 
 
