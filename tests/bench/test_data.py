@@ -63,12 +63,15 @@ def test_the_tables_show_the_acceptance_ratios():
         "train_seconds": 1.0,
         "batch_ms": 1.0,
         "batch_ms_max": 2.0,
+        "prepare_seconds": None,  # the corpus was there
     }
     sizes = [{**memory, "text_gib": gib, "text_bytes": gib * 2**30, "shard_bytes": 2 * gib * 2**30} for gib in (16, 1)]
     sizes[0]["peak_rss_bytes"], sizes[1]["peak_rss_bytes"] = 1100 * 2**20, 1000 * 2**20
+    sizes[0]["prepare_seconds"] = 512.0
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in data_bench.data_tables([*prepares, *sizes]).splitlines()]
     assert rows[0][-2:] == ["per_process_vs_encode_batch", "cpu_per_wall"] and rows[3][-2:] == ["0.75", "1"]  # 6 MiB/s by 2 against 4
     assert rows[-4][5:7] == ["peak_RSS_MiB", "vs_smallest"] and [row[5:7] for row in rows[-2:]] == [["1100", "1.1"], ["1000", "1"]]
+    assert rows[-4][-1] == "prepared_MiB_s" and [row[-1] for row in rows[-2:]] == ["32", "-"]  # 16 GiB in 512 s
 
 
 def test_the_generated_text_is_deterministic_whole_documents():

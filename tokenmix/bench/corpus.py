@@ -3,7 +3,7 @@
 Words are 1-14 letters drawn with English letter frequencies (lengths Poisson(4)); ``LINES`` lines of 8-20
 words each are drawn once per seed, the words by Zipf's law (weight 1 / (rank + 2.7) over ``WORDS`` words).
 A text is lines drawn uniformly from those, each closing its document (a blank line after it) with
-probability ``1 / DOCUMENT_LINES``: documents of 24 lines (about 2 kB) on average, one per paragraph for
+probability ``1 / DOCUMENT_LINES``: documents of 24 lines (about 1.6 kB) on average, one per paragraph for
 ``tokenmix prepare --text-unit paragraph``. Lines are joined whole, so text comes at ~100 MB/s; what a
 tokenizer sees is words, which recur as in natural text, in lines that recur every ~10 MB. The same seed and
 size give the same bytes.

@@ -333,7 +333,8 @@ def child_peak_memory(command: list[str], log: Path) -> tuple[float, int | None]
 
 
 def data_tables(records: list[dict]) -> str:
-    """Tokenizing throughput against ``tokenizers`` alone; a step's data share; peak memory against corpus size."""
+    """Tokenizing throughput against ``tokenizers`` alone; a step's data share; peak memory against corpus size (and the
+    rate its text was prepared at, as bytes, where this run prepared it)."""
     tables = []
     prepares = [r for r in records if r["kind"] == "data_prepare"]
     if prepares:
@@ -366,6 +367,7 @@ def data_tables(records: list[dict]) -> str:
                 "vs_smallest": None if None in (r["peak_rss_bytes"], smallest[r["model"]]) else r["peak_rss_bytes"] / smallest[r["model"]],
                 "train_s": r["train_seconds"],
                 "batch_ms": r["batch_ms"], "batch_ms_max": r["batch_ms_max"],
+                "prepared_MiB_s": r["text_bytes"] / MIB / r["prepare_seconds"] if r["prepare_seconds"] else None,
             }
             for r in memory
         ]  # fmt: skip
