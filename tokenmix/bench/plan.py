@@ -16,6 +16,7 @@ from ..mixers.registry import list_mixers
 from ..models.distil import distilled_options
 from ..models.registry import list_models, resolve_model_options
 from .cases import CASE_KINDS, GENERATE_DEPTH, GENERATE_KINDS, KINDS, MIXER_KINDS, TRAINING_KINDS, Case, batch_for, supports
+from .data import DATA
 from .measure import measure
 from .scale import SCALE
 from .serve import SERVE
@@ -26,6 +27,7 @@ FULL = {
     "stream_lengths": [4096, 16384, 65536],
     "dim": 1536,
     "model_dim": 512,
+    "batch_tokens": 4096,
     "repeats": 7,
 }
 QUICK = {
@@ -43,9 +45,9 @@ KIND_LIMITS = {"generate": ("recompute_max",), "generate_mixer": ("direct_max_se
 
 
 def apply_presets(args) -> None:
-    """Fill the options the user left out from --quick's, the full run's or those of --kinds scale or serve."""
+    """Fill the options the user left out from --quick's, the full run's or those of --kinds scale, serve or data."""
     preset = {**FULL, "kinds": list(TRAINING_KINDS), **(QUICK if args.quick else {})}
-    for alone, presets in (("scale", SCALE), ("serve", SERVE)):
+    for alone, presets in (("scale", SCALE), ("serve", SERVE), ("data", DATA)):
         if args.kinds and alone in args.kinds:
             if args.kinds != [alone]:
                 raise ValueError(f"--kinds {alone} runs alone, not with {[kind for kind in args.kinds if kind != alone]}")

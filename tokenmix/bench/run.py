@@ -14,6 +14,7 @@ from ..io.progress import progress_bar
 from ..io.table import format_table
 from ..runtime import retain_freed_memory
 from .cases import Case
+from .data import DATA_KINDS, data_tables
 from .measure import measure
 from .records import failed_measurement
 from .report import sections, table_columns
@@ -48,4 +49,6 @@ def bench_tables(records: list[dict]) -> str:
         return scale_tables(records)
     if records and records[0].get("kind") in SERVE_KINDS:
         return serve_tables(records)
+    if records and records[0].get("kind") in DATA_KINDS:
+        return data_tables(records)
     return "\n\n".join(format_table(rows, table_columns(rows)) for rows in sections(records))

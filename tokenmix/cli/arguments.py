@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from ..fields import Kind, Number, Text, check_writable
@@ -66,6 +67,28 @@ class Lengths(Kind):
 
     def invalid(self) -> list[str]:
         return ["", "x", "512,,1024", "0", "-4", "8,1.5"]
+
+
+class Sizes(Kind):
+    """Comma-separated positive numbers, e.g. ``1,16`` or ``0.5``."""
+
+    def __init__(self, what: str = "sizes"):
+        self.what = what
+
+    def describe(self) -> str:
+        return "comma-separated positive numbers"
+
+    def parse(self, text: str) -> list[float]:
+        try:
+            sizes = [float(part) for part in text.split(",")]
+        except ValueError:
+            raise ValueError(f"{self.what} must be comma-separated numbers, got {text!r}") from None
+        if not all(math.isfinite(size) and size > 0 for size in sizes):
+            raise ValueError(f"{self.what} must be positive finite numbers, got {text!r}")
+        return sizes
+
+    def invalid(self) -> list[str]:
+        return ["", "x", "1,,16", "0", "-1", "1,nan", "inf"]
 
 
 class Cpus(Kind):

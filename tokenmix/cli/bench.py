@@ -6,11 +6,13 @@ The arguments are in ``bench_arguments``; the cases, their measurement and the t
 from __future__ import annotations
 
 import importlib.util
+import os
 import platform
 import shlex
 
 import torch
 
+from ..bench.data import check_data_arguments, data_records
 from ..bench.plan import apply_presets, bench_cases, check_cases
 from ..bench.report import markdown_report, write_plots
 from ..bench.run import bench_tables, measure_cases
@@ -36,6 +38,11 @@ def add_parser(subparsers) -> None:
 def run_bench(args) -> int:
     with user_input():
         apply_presets(args)
+        check_output_path(args.data_dir, "--data-dir", directory=True)
+        if args.kinds == ["data"]:
+            check_output_path(args.output, "--output")
+            check_data_arguments(args)
+            return run_data_bench(args)
         if args.kinds == ["scale"]:
             return run_scale(args)
         if args.kinds == ["serve"]:
@@ -106,5 +113,16 @@ def run_serve_bench(args) -> int:
     if args.plot:
         write_serve_plots(records, args.plot)
     print(f"# {platform.machine()}, {args.threads} threads, torch {torch.__version__}, cpu, float32")
+    print(bench_tables(records))
+    return 0
+
+
+def run_data_bench(args) -> int:
+    """``--kinds data``: the records written as they come, the tables at the end."""
+    set_threads(args.threads)
+    records = data_records(args, source_revision(), lambda records: write_output(args, records))
+    write_output(args, records)
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    print(f"# {platform.machine()}, {args.threads} threads, torch {torch.__version__}, {args.device}, float32; load average {load}")
     print(bench_tables(records))
     return 0

@@ -1,5 +1,5 @@
 """The arguments of ``tokenmix bench``, in groups: what is measured, its sizes, how it runs, the options of
-the kinds generate, scale and serve, and the outputs."""
+the kinds generate, scale, serve and data, and the outputs."""
 
 from __future__ import annotations
 
@@ -7,16 +7,27 @@ import torch
 
 from ..bench.cases import DTYPES, KINDS
 from ..compilation import COMPILE_MODES
-from ..fields import Choice, Integer, Names, Number, Output
+from ..data.tokenizer import Tokenizer, parse_tokenizer_spec
+from ..fields import Choice, Integer, Names, Number, Output, Parsed
 from ..mixers.registry import list_mixers
 from ..models.registry import list_models
 from ..precision import PRECISIONS
 from ..train.config import DEVICE
-from .arguments import Cpus, KeyValue, Lengths
+from .arguments import Cpus, KeyValue, Lengths, Sizes
+
+
+def read_tokenizer_spec(spec: str) -> None:
+    """bytes, bpe:V, or a tokenizer.json file, read now (ValueError when it is not one)."""
+    kind, path = parse_tokenizer_spec(spec)
+    if kind == "file":
+        Tokenizer.load(path)
+
+
+TOKENIZER = Parsed("bytes, bpe:VOCAB or a tokenizer.json file", read_tokenizer_spec, ["bpe:1", "bpe:x", "/no/such/tokenizer.json"])
 
 
 def add_bench_arguments(parser) -> None:
-    for add in (add_selection, add_sizes, add_execution, add_generate, add_scale, add_serve, add_outputs):
+    for add in (add_selection, add_sizes, add_execution, add_generate, add_scale, add_serve, add_data, add_outputs):
         add(parser)
 
 
@@ -38,7 +49,7 @@ def add_selection(parser) -> None:
     )
     group.add_argument(
         "--kinds",
-        type=Names((*KINDS, "scale", "serve")),
+        type=Names((*KINDS, "scale", "serve", "data")),
         default=None,
         help="any of mixer,layer,model,generate,precision (default: mixer,layer,model; --quick: mixer,model); precision: each mixer "
         "under autocast to --precision against itself in float64 (relative errors of output and gradients, docs/training.md); "
@@ -48,7 +59,10 @@ def add_selection(parser) -> None:
         "product; scale (alone, under torchrun): context parallelism's memory, step time and traffic per process for each of --processes "
         "(default models tnn,fd_tnn,ski_tnn,tcnca,transformer at 16384,32768,65536 tokens, width 256; docs/scale.md); "
         "serve (alone): `tokenmix serve` driven over HTTP by --concurrency streaming clients, against the model's own batched and "
-        "one-at-a-time decoding (default models tnn,tcnca,mega,transformer at width 128, depth 4; docs/serve.md)",
+        "one-at-a-time decoding (default models tnn,tcnca,mega,transformer at width 128, depth 4; docs/serve.md); "
+        "data (alone): tokenmix prepare's throughput against the tokenizers library's own, a training step's time drawing its batch "
+        "from token shards, and the peak memory of tokenmix train over corpora of --data-gb sizes (default model: the Quickstart's "
+        "tnn, width 128, depth 4, 16 x 512 tokens)",
     )
     group.add_argument("--causal", type=Choice(["both", "yes", "no"]), default="both", help="directions measured (default: both)")
     group.add_argument(
@@ -90,13 +104,18 @@ def add_sizes(parser) -> None:
         default=None,
         help="the models' depth (default: 2 for --kinds model, 4 for generate, scale and serve); layers are one block",
     )
-    group.add_argument("--batch-tokens", type=Integer(1), default=4096, help="batch = max(1, batch_tokens // length) (default: 4096)")
+    group.add_argument(
+        "--batch-tokens",
+        type=Integer(1),
+        default=None,
+        help="batch = max(1, batch_tokens // length) (default: 4096; --kinds data: 8192, the Quickstart's 16 x 512)",
+    )
     group.add_argument(
         "--repeats",
         type=Integer(1),
         default=None,
         help="timed repeats after 2 warm-up calls; the median is kept (default: 7; --quick, --kinds scale: 3; --kinds serve: "
-        "rounds of clients and baselines after one warm-up round, default 3)",
+        "rounds of clients and baselines after one warm-up round, default 3; --kinds data: runs of each way of tokenizing, default 3)",
     )
 
 
@@ -200,6 +219,46 @@ def add_serve(parser) -> None:
         help="--kinds serve (Linux): run the server and the in-process decoding it is compared with on these CPUs (e.g. 0,1) and the "
         "clients on the others, as clients on other machines would; the server then decodes with --threads threads "
         "(default: every process on every CPU, the server with one thread fewer than --threads)",
+    )
+
+
+def add_data(parser) -> None:
+    """Preparing and reading token shards, --kinds data."""
+    group = parser.add_argument_group("--kinds data")
+    group.add_argument(
+        "--data-mb",
+        type=Number(0, open_minimum=True),
+        default=64.0,
+        help="--kinds data: MiB of generated text tokenized by the tokenizers library alone and by tokenmix prepare (default: 64)",
+    )
+    group.add_argument(
+        "--tokenizer",
+        type=TOKENIZER,
+        default="bpe:4096",
+        help="--kinds data: that text's tokenizer: bpe:VOCAB (learnt from its first MiB), bytes or a tokenizer.json (default: bpe:4096)",
+    )
+    group.add_argument(
+        "--data-steps",
+        type=Integer(1),
+        default=50,
+        help="--kinds data: training steps timed, and of each tokenmix train run over a --data-gb corpus (default: 50)",
+    )
+    group.add_argument(
+        "--data-gb",
+        type=Sizes("sizes in GiB"),
+        default=[1.0, 16.0],
+        help="--kinds data: GiB of generated text, prepared as bytes (2 bytes of shards per byte of text), that tokenmix train "
+        "reads; its peak resident memory at each size (default: 1,16)",
+    )
+    group.add_argument(
+        "--data-dir",
+        type=Output("a folder for the corpora", folder=True),
+        default=None,
+        help="--kinds data: where the --data-gb corpora are prepared and kept for the next run (default: tokenmix-bench-data in "
+        "the system's temporary folder); remove it when done",
+    )
+    group.add_argument(
+        "--keep-text", action="store_true", help="--kinds data: keep the generated text of a corpus once prepared (by default deleted)"
     )
 
 
