@@ -161,8 +161,10 @@ def plan_differences(earlier: dict, now: dict) -> list[str]:
         old = before.pop(entry["name"], None)
         if old is None:
             changes.append(f"{entry['name']} is new")
-        elif old != entry:
+        elif old.get("bytes") != entry.get("bytes"):
             changes.append(f"{entry['name']} changed since ({old.get('bytes')} bytes then, {entry.get('bytes')} now)")
+        elif old != entry:
+            changes.append(f"{entry['name']} changed since (same size, other content)")
     changes += [f"{name} is gone" for name in before]
     changes += [f"its {key} differs" for key in now if key != "sources" and earlier.get(key) != now[key]]
     return changes
