@@ -146,7 +146,7 @@ def test_an_interrupted_prepare_continues_after_its_last_finished_chunk(tmp_path
     folder = tmp_path / "texts"
     write_corpus(folder, 150, 1000, seed=1)
     bpe.save(tmp_path / "tokenizer.json")
-    arguments = ["prepare", str(folder), "--tokenizer", str(tmp_path / "tokenizer.json"), "--chunk-mb", "0.01", "--workers", "1"]
+    arguments = ["prepare", str(folder), "--tokenizer", str(tmp_path / "tokenizer.json"), "--chunk-mb", "0.01"]  # default --workers
     assert main([*arguments, "--out", str(tmp_path / "straight")]) == 0
     out = tmp_path / "out"
     command = [sys.executable, "-m", "tokenmix.cli", *arguments, "--out", str(out)]
@@ -160,11 +160,28 @@ def test_an_interrupted_prepare_continues_after_its_last_finished_chunk(tmp_path
         time.sleep(0.005)
     process.wait()
     assert process.returncode == -signal.SIGKILL and not (out / MANIFEST).exists(), "prepare ended before it was killed"
+    assert not workers_of(out, deadline=time.time() + 10), "its worker processes outlived it"
     kept = {path.name: path.stat().st_mtime_ns for path in out.glob("*.bin")}
     assert kept
     assert main([*arguments, "--out", str(out)]) == 0
     assert all((out / name).stat().st_mtime_ns == mtime for name, mtime in kept.items())
     assert folder_bytes(out) == folder_bytes(tmp_path / "straight")
+
+
+def workers_of(out: Path, deadline: float) -> list[int]:
+    """The processes whose command line names ``out`` (a killed prepare's workers), once they are gone or at ``deadline``."""
+    while True:
+        alive = []
+        for entry in Path("/proc").iterdir():
+            try:
+                command = (entry / "cmdline").read_bytes()
+                if entry.name.isdigit() and str(out).encode() in command and b"tokenmix.cli" in command:
+                    alive.append(int(entry.name))
+            except OSError:
+                continue
+        if not alive or time.time() > deadline:
+            return alive
+        time.sleep(0.05)
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ import collections
 import concurrent.futures
 import json
 import multiprocessing
+import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -182,7 +183,9 @@ def encoded_chunks(chunks: Iterator[tuple[list[str], int]], skip: set[int], enco
     # and ~0.5 GB each). This process runs no torch operator and holds no lock a worker takes; the tokenizers
     # library's thread pool, which a BPE learnt here started, is off in the workers (one thread each, as measured).
     context = multiprocessing.get_context("fork")
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=start_worker, initargs=encoder_arguments) as pool:
+    with concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=context, initializer=start_worker, initargs=(os.getpid(), *encoder_arguments)
+    ) as pool:
         pending = collections.deque()
         for index, (documents, size) in enumerate(chunks):
             pending.append((index, size, None if index in skip else pool.submit(encode_in_worker, documents)))

@@ -8,15 +8,18 @@ every run of prepare, whatever its chunks or processes, puts it in the same spli
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import itertools
 import os
+import signal
 from dataclasses import dataclass
 
 import numpy as np
 
 SPLITS = ("train", "val", "test")
 HASH_SCALE = float(1 << 64)
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def document_split(text: str, val_fraction: float, test_fraction: float) -> str:
@@ -87,10 +90,23 @@ class ShardEncoder:
 _encoder: ShardEncoder | None = None
 
 
-def start_worker(*arguments) -> None:
-    """A worker process's initializer: the encoder it keeps (``ShardEncoder(*arguments)``), one thread (the
-    processes are the parallelism)."""
+def die_with(parent: int) -> None:
+    """On Linux, have the kernel kill this process when ``parent`` dies (``PR_SET_PDEATHSIG``): a forked worker holds
+    its pool's queue open itself, so a prepare killed outright would otherwise leave its workers waiting on it."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(1)
+
+
+def start_worker(parent: int, *arguments) -> None:
+    """A worker process's initializer: it dies with ``parent``; the encoder it keeps (``ShardEncoder(*arguments)``),
+    one thread (the processes are the parallelism)."""
     global _encoder
+    die_with(parent)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _encoder = ShardEncoder(*arguments)
 
