@@ -275,7 +275,7 @@ def test_a_full_disk_stops_prepare_in_one_line_and_a_second_run_finishes(small_d
     same command ends with the files of a run that never failed."""
     folder = tmp_path / "texts"
     write_corpus(folder, 200, 3000, seed=2)
-    arguments = ["prepare", str(folder), "--chunk-mb", "0.1", "--workers", "1"]
+    arguments = ["prepare", str(folder), "--chunk-mb", "0.1"]
     assert main([*arguments, "--out", str(tmp_path / "straight")]) == 0
     fill(small_disk)
     (small_disk / "filler").write_bytes(bytes(7 << 20))  # room for a few chunks, not for all
