@@ -20,7 +20,7 @@ from conftest import TINY_RUN, fill
 from tokenmix.cli import main
 from tokenmix.data import load_data, random_windows, step_generator
 from tokenmix.data.batches import document_lm_batch
-from tokenmix.data.prepare import MANIFEST, PrepareOptions, prepare
+from tokenmix.data.prepare import FINISHED, MANIFEST, PrepareOptions, finished_chunks, prepare
 from tokenmix.data.prepared import TokenFiles
 from tokenmix.data.shard_encoder import SPLITS
 from tokenmix.data.tokenizer import byte_tokenizer, train_bpe
@@ -161,11 +161,17 @@ def test_an_interrupted_prepare_continues_after_its_last_finished_chunk(tmp_path
     process.wait()
     assert process.returncode == -signal.SIGKILL and not (out / MANIFEST).exists(), "prepare ended before it was killed"
     assert not workers_of(out, deadline=time.time() + 10), "its worker processes outlived it"
-    kept = {path.name: path.stat().st_mtime_ns for path in out.glob("*.bin")}
+    recorded = finished_chunks(out / FINISHED)  # a chunk whose files were written but not yet recorded is redone
+    kept = {path.name: path.stat().st_mtime_ns for path in out.glob("*.bin") if chunk_of(path) in recorded}
     assert kept
     assert main([*arguments, "--out", str(out)]) == 0
     assert all((out / name).stat().st_mtime_ns == mtime for name, mtime in kept.items())
     assert folder_bytes(out) == folder_bytes(tmp_path / "straight")
+
+
+def chunk_of(shard: Path) -> int:
+    """The chunk number in a shard's name, ``{split}-NNNNN.bin``."""
+    return int(shard.stem.rsplit("-", 1)[1])
 
 
 def workers_of(out: Path, deadline: float) -> list[int]:
