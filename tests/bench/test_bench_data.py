@@ -25,9 +25,9 @@ def test_a_tiny_data_run_writes_every_record_and_its_tables(tmp_path, capsys):
     records = json.loads(output.read_text())
     assert [(r["kind"], r.get("method"), r.get("processes")) for r in records] == [
         ("data_prepare", "encode_batch", 1), ("data_prepare", "prepare", 1), ("data_prepare", "prepare", 2),
-        ("data_step", None, None), ("data_memory", None, None),
+        ("data_step", None, None), ("data_memory", None, 1), ("data_memory", None, 2),
     ]  # fmt: skip
-    prepares, (step, memory) = records[:3], records[3:]
+    prepares, (step, memory, parallel) = records[:3], records[3:]
     assert all(r["tokenizer"] == "bpe:4096" and r["chunks"] == 16 and r["text_bytes"] == prepares[0]["text_bytes"] for r in prepares)
     assert 0.24 * 2**20 < prepares[0]["text_bytes"] <= 0.25 * 2**20  # whole documents of the generated text
     for record in prepares:
@@ -41,6 +41,8 @@ def test_a_tiny_data_run_writes_every_record_and_its_tables(tmp_path, capsys):
     assert memory["shard_bytes"] > 2 * memory["text_bytes"] * 0.95 and memory["train_tokens"] > 0.8 * memory["text_bytes"]
     assert 100 * 2**20 < memory["peak_rss_bytes"] < 4 * 2**30 and memory["eval_tokens"] == 64 * 32 and memory["batch_ms"] > 0
     assert memory["generate_seconds"] > 0 and memory["prepare_seconds"] > 0
+    assert len(parallel["peak_rss_each"]) == 2 and 100 * 2**20 < min(parallel["peak_rss_each"])  # each torchrun worker's own
+    assert parallel["peak_rss_bytes"] == max(parallel["peak_rss_each"])
     assert all(r["git_commit"] and r["threads"] == 1 and r["load_average"] >= 0 for r in records)
     kept = sorted(path.name for path in folder.iterdir())
     assert kept == ["tokens-0.001g-v1"]  # the shards kept for the next run, the text gone
@@ -70,7 +72,8 @@ def test_the_tables_show_the_acceptance_ratios():
     sizes[0]["prepare_seconds"] = 512.0
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in data_bench.data_tables([*prepares, *sizes]).splitlines()]
     assert rows[0][-2:] == ["per_process_vs_encode_batch", "cpu_per_wall"] and rows[3][-2:] == ["0.75", "1"]  # 6 MiB/s by 2 against 4
-    assert rows[-4][5:7] == ["peak_RSS_MiB", "vs_smallest"] and [row[5:7] for row in rows[-2:]] == [["1100", "1.1"], ["1000", "1"]]
+    assert rows[-4][:2] == ["model", "processes"] and [row[1] for row in rows[-2:]] == ["1", "1"]  # records from before --data-processes
+    assert rows[-4][6:8] == ["peak_RSS_MiB", "vs_smallest"] and [row[6:8] for row in rows[-2:]] == [["1100", "1.1"], ["1000", "1"]]
     assert rows[-4][-1] == "prepared_MiB_s" and [row[-1] for row in rows[-2:]] == ["32", "-"]  # 16 GiB in 512 s
 
 
@@ -103,11 +106,20 @@ def test_a_written_corpus_is_reused_and_rewritten_when_changed(tmp_path):
 
 def test_the_peak_memory_is_the_childs_own(tmp_path):
     """A child that holds 300 MB, then one that holds little: the second's peak is its own, not the most of every
-    child so far (``RUSAGE_CHILDREN``), nor this process's size, which Linux carries over an exec into ``ru_maxrss``."""
+    child so far (``RUSAGE_CHILDREN``), nor this process's size, which Linux carries over an exec into ``ru_maxrss``.
+    With ``depth=1``, the peaks of the processes a child starts (torchrun's workers), each its own."""
     script = "import sys, time; block = bytearray(int(sys.argv[1]) * 2**20); block[::4096] = b'x' * len(block[::4096]); time.sleep(0.3)"
     _, big = data_bench.child_peak_memory([sys.executable, "-c", script, "300"], tmp_path / "big.out")
     seconds, small = data_bench.child_peak_memory([sys.executable, "-c", script, "1"], tmp_path / "small.out")
+    (big,), (small,) = big.values(), small.values()
     assert big > 300 * 2**20 > 100 * 2**20 > small > 0 and seconds > 0.3
+    starts_two = (
+        "import subprocess, sys; "
+        f"children = [subprocess.Popen([sys.executable, '-c', {script!r}, size]) for size in ('200', '1')]; "
+        "sys.exit(max(child.wait() for child in children))"
+    )
+    _, workers = data_bench.child_peak_memory([sys.executable, "-c", starts_two], tmp_path / "workers.out", depth=1)
+    assert len(workers) == 2 and 200 * 2**20 < max(workers.values()) < 300 * 2**20 and min(workers.values()) < 100 * 2**20
     with pytest.raises(RuntimeError, match="exited with status 3; its output ended:\nbye"):
         data_bench.child_peak_memory([sys.executable, "-c", "print('bye'); raise SystemExit(3)"], tmp_path / "fails.out")
 

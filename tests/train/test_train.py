@@ -322,3 +322,23 @@ def test_the_memory_probe_takes_one_copy_when_two_would_not_fit(text_file, tmp_p
     tight = Trainer(tiny_config(text_file, tmp_path / "tight", batch_size=6), progress=False, memory_check=False).memory
     assert len(probes) == 1
     assert tight.parameters == fits.parameters and tight.activations > fits.activations
+
+
+def test_the_peak_memory_a_run_reports_is_its_own_not_its_parents():
+    """A process that grew to 400 MB and then exec'd ``tokenmix`` code: the peak that code reports is the new
+    program's (under 300 MB), and ``reset_resident_peak`` lowers it to what is resident. Fails with ``ru_maxrss``,
+    which Linux carries over the exec."""
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("the resident high-water mark is read from /proc (Linux)")
+    report = (
+        "import numpy, torch; from tokenmix.train.memory import peak_memory, reset_resident_peak, resident_peak; "
+        "own = peak_memory(torch.device('cpu')); big = numpy.ones(50_000_000); del big; "
+        "grown = resident_peak(); reset_resident_peak(); print(own, grown, resident_peak())"
+    )
+    grow_then_exec = (
+        f"import os, sys, numpy; big = numpy.ones(50_000_000); big[:] = 2; os.execv(sys.executable, [sys.executable, '-c', {report!r}])"
+    )
+    own, grown, reset = map(
+        int, subprocess.run([sys.executable, "-c", grow_then_exec], capture_output=True, text=True, check=True).stdout.split()
+    )
+    assert own < 300 << 20 and grown > own + (300 << 20) and reset < own + (100 << 20)

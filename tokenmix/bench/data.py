@@ -20,9 +20,10 @@ Records (``data_tables`` prints a table per kind):
 - ``data_memory``: for each ``--data-gb`` GiB of generated text, prepared as bytes (uint16 ids) in ``--data-dir``
   (kept there for the next run; the text deleted once prepared, unless ``--keep-text``): ``tokenmix train
   --data`` of each model for ``--data-steps`` steps in a child process, evaluation reading ``EVAL_WINDOWS``
-  windows at every size. Its peak resident memory is the child's own high-water mark (``child_peak_memory``). Then the
-  median time of drawing a batch from that corpus in this process: of a corpus larger than the page cache,
-  mostly read from the disk.
+  windows at every size; and for each ``--data-processes`` count P > 1 the same run data parallel over P processes
+  that torchrun starts. The peak resident memory of each training process is its own high-water mark
+  (``child_peak_memory``); the record's ``peak_rss_bytes`` is the largest. Then the median time of drawing a batch
+  from that corpus in this process: of a corpus larger than the page cache, mostly read from the disk.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from ..data.tokenized import resolve_tokenizer
 from ..data.tokenizer import Tokenizer, byte_tokenizer, parse_tokenizer_spec, train_bpe
 from ..io.progress import progress_bar
 from ..io.table import format_table
+from ..train.memory import resident_peak
 from .cases import batch_for
 from .corpus import VERSION, corpus_files, write_corpus
 
@@ -139,7 +141,8 @@ def data_records(args, revision: str | None, keep) -> list[dict]:
     for size in args.data_gb:
         corpus = memory_corpus(size, args)
         for model in args.models:
-            add({"kind": "data_memory", "model": model, **corpus, **memory_record(model, corpus["corpus"], args)})
+            for processes in args.data_processes:
+                add({"kind": "data_memory", "model": model, **corpus, **memory_record(model, corpus["corpus"], processes, args)})
     return records
 
 
@@ -273,54 +276,68 @@ def memory_corpus(size_gb: float, args) -> dict:
     return found
 
 
-def memory_record(model: str, folder: str, args) -> dict:
-    """``tokenmix train --data folder`` of ``model`` in a child process: its peak resident memory and time; then
-    the time of drawing batches from ``folder`` here."""
+def memory_record(model: str, folder: str, processes: int, args) -> dict:
+    """``tokenmix train --data folder`` of ``model`` in a child process (``processes`` > 1: started by torchrun, data
+    parallel): the peak resident memory of each training process and the time; then the time of drawing batches
+    from ``folder`` here."""
     length = args.lengths[0]
     batch = batch_for(length, args.batch_tokens)
+    launcher = [] if processes == 1 else ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)]
     with tempfile.TemporaryDirectory(prefix="tokenmix-bench-train-") as out:
         steps, evaluated = str(args.data_steps), str(EVAL_WINDOWS * length)
-        command = [sys.executable, "-m", "tokenmix.cli", "train", "--data", folder, "--model", model, "--task", "lm"]
+        command = [sys.executable, *launcher, "-m", "tokenmix.cli", "train", "--data", folder, "--model", model, "--task", "lm"]
         command += ["--dim", str(args.model_dim), "--depth", str(args.depth), "--seq-len", str(length), "--batch-size", str(batch)]
         command += ["--steps", steps, "--eval-every", steps, "--eval-tokens", evaluated, "--final-eval-tokens", evaluated]
         command += ["--sample-tokens", "0", "--threads", str(args.threads), "--device", args.device, "--out", str(Path(out) / "run")]
-        seconds, peak = child_peak_memory(command, Path(out) / "train.out")
+        seconds, peaks = child_peak_memory(command, Path(out) / "train.out", depth=0 if processes == 1 else 1)
+    if len(peaks) != processes:
+        raise RuntimeError(f"{shlex.join(command)}: /proc showed the resident memory of {len(peaks)} training processes, not {processes}")
     split = open_prepared(folder).train
     generator = torch.Generator().manual_seed(DRAW_SEED)
     draws = [timed(random_windows, split, batch, length, generator)[0] for _ in range(args.data_steps)]
     return {
-        "seq_len": length, "batch": batch, "steps": args.data_steps, "eval_tokens": EVAL_WINDOWS * length,
-        "peak_rss_bytes": peak, "train_seconds": seconds,
+        "processes": processes, "seq_len": length, "batch": batch, "steps": args.data_steps, "eval_tokens": EVAL_WINDOWS * length,
+        "peak_rss_bytes": max(peaks.values()), "peak_rss_each": sorted(peaks.values()), "train_seconds": seconds,
         "batch_ms": statistics.median(draws) * 1e3, "batch_ms_max": max(draws) * 1e3,
     }  # fmt: skip
 
 
-def resident_peak(pid: int) -> int | None:
-    """The high-water mark of process ``pid``'s resident memory in bytes (``VmHWM``, Linux), None where /proc has none."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+def process_tree(root: int) -> dict[int, int]:
+    """{pid: depth} of process ``root`` (depth 0) and its descendants alive now, from the parent ids in /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as stat:
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])  # the command name in parentheses may hold spaces
+            except (OSError, ValueError, IndexError):  # gone meanwhile
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    depths, level, depth = {root: 0}, [root], 0
+    while level:
+        depth += 1
+        level = [child for pid in level for child in children.get(pid, []) if child not in depths]
+        depths.update(dict.fromkeys(level, depth))
+    return depths
 
 
-def child_peak_memory(command: list[str], log: Path) -> tuple[float, int | None]:
-    """(seconds, peak resident bytes) of ``command`` run to its end, its standard output in ``log`` (its standard error
-    here: progress bars and errors); RuntimeError with what it printed when it fails.
+def child_peak_memory(command: list[str], log: Path, depth: int = 0) -> tuple[float, dict[int, int]]:
+    """(seconds, {pid: peak resident bytes}) of ``command`` run to its end, for its processes ``depth`` levels below
+    it (0: the command's own process; 1: those it starts, as torchrun's workers), its standard output in ``log``
+    (its standard error here: progress bars and errors); RuntimeError with what it printed when it fails.
 
-    The peak is the child's own high-water mark (``resident_peak``, read every ``POLL_SECONDS`` until it ends: the
+    A peak is the process's own high-water mark (``resident_peak``, read every ``POLL_SECONDS`` until it ends: the
     last moments, when it has written its model and exits, could be missed), not its ``ru_maxrss``: Linux carries
     that over an exec from the process that forked the child, so it would be at least this process's size."""
-    started, peak = time.perf_counter(), None
+    started, peaks = time.perf_counter(), {}
     with open(log, "wb") as output:
         child = subprocess.Popen(command, stdout=output)
     try:
         while child.poll() is None:
-            found = resident_peak(child.pid)  # None once it has exited (and not been reaped)
-            peak = peak if found is None else max(found, peak or 0)
+            for pid, level in process_tree(child.pid).items():
+                found = resident_peak(pid) if level == depth else None  # None once it has exited
+                if found is not None:
+                    peaks[pid] = max(found, peaks.get(pid, 0))
             time.sleep(POLL_SECONDS)
     except BaseException:
         child.kill()
@@ -329,7 +346,7 @@ def child_peak_memory(command: list[str], log: Path) -> tuple[float, int | None]
     seconds = time.perf_counter() - started
     if child.returncode != 0:
         raise RuntimeError(f"{shlex.join(command)} exited with status {child.returncode}; its output ended:\n{log.read_text()[-2000:]}")
-    return seconds, peak
+    return seconds, peaks
 
 
 def data_tables(records: list[dict]) -> str:
@@ -356,15 +373,15 @@ def data_tables(records: list[dict]) -> str:
         tables.append(format_table([{key: r[key] for key in keys} for r in steps], keys))
     memory = [r for r in records if r["kind"] == "data_memory"]
     if memory:
-        smallest = {}
+        smallest = {}  # the peak on the smallest corpus of each (model, processes)
         for r in sorted(memory, key=lambda r: r["text_gib"], reverse=True):
-            smallest[r["model"]] = r["peak_rss_bytes"]
+            smallest[r["model"], r.get("processes", 1)] = r["peak_rss_bytes"]  # records before --data-processes: 1
         rows = [
             {
-                "model": r["model"], "text_GiB": r["text_bytes"] / GIB, "shards_GiB": r["shard_bytes"] / GIB,
-                "train_tokens": r["train_tokens"], "steps": r["steps"],
-                "peak_RSS_MiB": None if r["peak_rss_bytes"] is None else r["peak_rss_bytes"] / MIB,
-                "vs_smallest": None if None in (r["peak_rss_bytes"], smallest[r["model"]]) else r["peak_rss_bytes"] / smallest[r["model"]],
+                "model": r["model"], "processes": r.get("processes", 1), "text_GiB": r["text_bytes"] / GIB,
+                "shards_GiB": r["shard_bytes"] / GIB, "train_tokens": r["train_tokens"], "steps": r["steps"],
+                "peak_RSS_MiB": r["peak_rss_bytes"] / MIB,
+                "vs_smallest": r["peak_rss_bytes"] / smallest[r["model"], r.get("processes", 1)],
                 "train_s": r["train_seconds"],
                 "batch_ms": r["batch_ms"], "batch_ms_max": r["batch_ms_max"],
                 "prepared_MiB_s": r["text_bytes"] / MIB / r["prepare_seconds"] if r["prepare_seconds"] else None,

@@ -1,9 +1,9 @@
 """Measure one case: median times, tokens/s, peak memory and the FFT floor, in one process
 (the generate kinds: ``tokenmix.bench.generate``).
 
-CPU peak memory is the peak resident set size of a fresh process during one training step,
-over its resident size just before it (``tokenmix.bench.worker`` runs each case in its own
-process so measurements cannot pollute each other). CUDA uses ``max_memory_allocated``.
+CPU peak memory is the peak resident set size (``VmHWM``) of a fresh process during one training step,
+over its resident size just before it, to which the high-water mark is lowered first
+(``tokenmix.bench.worker`` runs each case in its own process so measurements cannot pollute each other). CUDA uses ``max_memory_allocated``.
 
 The FFT floor of an FFT-based mixer is the fastest bare float32 ``rfft`` + ``irfft`` round trip of the
 same data at the same FFT size N >= 2n (whatever the case's precision: the mixers' FFTs run in float32),
@@ -16,16 +16,13 @@ row-major (H, W) grid at sizes >= (2H - 1, 2W - 1), in the same two layouts.
 
 from __future__ import annotations
 
-import os
-import resource
-import sys
-
 import torch
 import torch.nn.functional as F
 
 from ..ops.fft import fast_fft_size
 from ..ops.toeplitz2d import fft_grid
 from ..precision import autocast
+from ..train.memory import reset_resident_peak, resident_peak
 from .accuracy import measure_precision
 from .cases import DTYPES, Case
 from .generate import measure_generate, measure_generate_mixer
@@ -33,16 +30,6 @@ from .records import Measurement, Record, identity
 from .timing import median_ms, sync
 
 FLOOR_FIELDS = ("fft_channels_last_ms", "fft_channels_first_ms", "fft_floor_ms")
-
-
-def _resident_mb() -> float:
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def _peak_resident_mb() -> float:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
 def fft_floor_ms(x: torch.Tensor, repeats: int, grid: tuple[int, int] | None = None) -> dict[str, float]:
@@ -131,9 +118,11 @@ def measure(case: Case, repeats: int = 7, profile: bool = False) -> Record:
         torch.cuda.synchronize(device)
         peak = (torch.cuda.max_memory_allocated(device) - before) / 2**20
     else:
-        before = _resident_mb()
+        reset_resident_peak()
+        before = resident_peak()
         forward_backward()
-        peak = max(0.0, _peak_resident_mb() - before)
+        after = resident_peak()
+        peak = None if None in (before, after) else (after - before) / 2**20
     forward_backward_ms = median_ms(forward_backward, device, repeats)
     operators = profile_step(forward_backward, device) if profile else None
     module.eval()

@@ -251,6 +251,13 @@ def add_data(parser) -> None:
         "reads; its peak resident memory at each size (default: 1,16)",
     )
     group.add_argument(
+        "--data-processes",
+        type=Lengths("process counts"),
+        default=[1, 2],
+        help="--kinds data: the tokenmix train runs over each --data-gb corpus: one process, and each count > 1 started by "
+        "torchrun (data parallel); the peak resident memory of each process (default: 1,2)",
+    )
+    group.add_argument(
         "--data-dir",
         type=Output("a folder for the corpora", folder=True),
         default=None,

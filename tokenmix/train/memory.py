@@ -106,15 +106,41 @@ def resident_memory() -> int | None:
 
 def peak_memory(device: torch.device) -> int | None:
     """Bytes at this process's high-water mark: the most the CUDA allocator held, or the peak resident set
-    (``getrusage``: kilobytes on Linux, bytes on macOS); None where it cannot be read."""
+    (``resident_peak``; where /proc has none, ``getrusage``: kilobytes on Linux, bytes on macOS); None where
+    neither can be read."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
+    peak = resident_peak()
+    if peak is not None:
+        return peak
     try:
         import resource
     except ImportError:  # Windows
         return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
+
+
+def resident_peak(pid: int | str = "self") -> int | None:
+    """The high-water mark of process ``pid``'s resident memory in bytes (``VmHWM`` in /proc, Linux), None where
+    /proc has none. Not ``ru_maxrss``: Linux carries that over an exec from the process that forked this one, so
+    a process started by a larger one would report the larger one's peak."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return next((int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:")), None)
+    except (OSError, ValueError):
+        return None
+
+
+def reset_resident_peak() -> bool:
+    """Lower this process's ``VmHWM`` to its present resident size (Linux: 5 written to /proc/self/clear_refs);
+    False where that cannot be done."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+    except OSError:
+        return False
+    return True
 
 
 def describe_memory(estimate: MemoryEstimate, device: torch.device) -> str:
