@@ -81,7 +81,7 @@ def compare(name: str, task: str, dtype: torch.dtype, group) -> dict:
 
     shard = ContextShard(group, dist.get_rank(group), processes, LENGTH)
     span = slice(shard.start, shard.stop)
-    local = context_parallel_logits(model, tokens, mask, shard)
+    local = context_parallel_logits(model, tokens[:, span], mask, shard, tokens_given_whole=False)  # as a training step reads
     local_loss = loss_of(local, span)
     local_loss.backward()
     if task == "classify":
@@ -98,7 +98,7 @@ def compare(name: str, task: str, dtype: torch.dtype, group) -> dict:
         changed = tokens.clone()
         changed[:, shard.bounds[-1][0] :] = (changed[:, shard.bounds[-1][0] :] + 1) % 20
         with torch.no_grad():
-            moved = context_parallel_logits(model, changed, mask, shard)
+            moved = context_parallel_logits(model, changed[:, span], mask, shard, tokens_given_whole=False)
         errors["earlier_shards_moved"] = float((moved - local.detach()).abs().max()) if shard.rank < shard.size - 1 else 0.0
     if model.recurrent:
         errors |= stream_errors(model, tokens, targets, shard)
@@ -131,8 +131,8 @@ def stream_errors(model, tokens: torch.Tensor, targets: torch.Tensor, shard: Con
     torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum").div(total).backward()
     expected = {key: parameter.grad.clone() for key, parameter in model.named_parameters()}
     model.zero_grad()
-    local, split_after = second_segment(lambda x, state: context_parallel_logits(model, x, None, shard, state, True))
-    span = slice(shard.start, shard.stop)
+    span = slice(shard.start, shard.stop)  # the shard's tokens alone, as a training step reads them
+    local, split_after = second_segment(lambda x, state: context_parallel_logits(model, x[:, span], None, shard, state, True, False))
     torch.nn.functional.cross_entropy(local.flatten(0, 1), targets[:, span].flatten(), reduction="sum").div(total).backward()
     named = dict(model.named_parameters())
     summed = summed_over(shard.group, [parameter.grad for parameter in named.values()])

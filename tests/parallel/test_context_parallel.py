@@ -167,7 +167,8 @@ def split_trainings(tmp_path_factory) -> dict[str, list[dict]]:
         {"argv": ["train", "--out", str(root / name), *refused, *flags], "log": str(root / name), "refused": True}
         for name, (flags, _) in BAD_RUNS.items()
     ]
-    runs = {name: (name,) for name in TRAINED} | {"classify": ("tnn", *LISTOPS)}
+    within = ["--data", f"{within_documents(root / 'prepared')}:windows=within"]
+    runs = {name: (name,) for name in TRAINED} | {"classify": ("tnn", *LISTOPS), "within": ("tnn", *within)}
     commands += [
         {"argv": train_arguments(root / run, *flags, "--context-parallel", "2"), "log": str(root / run)} for run, flags in runs.items()
     ]
@@ -177,7 +178,16 @@ def split_trainings(tmp_path_factory) -> dict[str, list[dict]]:
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     logs = "".join(path.read_text()[-2000:] for path in sorted(root.glob("*.rank*")))
     assert result.returncode == 0, result.stderr[-3000:] + logs
-    return {run: metrics(root / run) for run in runs} | {"root": root}
+    return {run: metrics(root / run) for run in runs} | {"root": root, "flags": runs}
+
+
+def within_documents(out: Path) -> Path:
+    """A corpus prepared as bytes, of documents from 20 to 300 bytes: read by windows within documents, many padded."""
+    text = out.with_suffix(".txt")
+    words = ["to", "be", "or", "not", "that", "is", "the", "question"]
+    text.write_text("\n\n".join(" ".join(words[(3 * n + k) % 8] for k in range(5 + n % 60)) for n in range(400)))
+    assert main(["prepare", str(text), "--tokenizer", "bytes", "--out", str(out), "--text-unit", "paragraph"]) == 0
+    return out
 
 
 @pytest.mark.slow
@@ -196,12 +206,15 @@ def test_training_with_the_sequence_split_over_two_processes_follows_one_process
 
 
 @pytest.mark.slow
-def test_classification_with_the_sequence_split_follows_one_process(split_trainings, tmp_path):
-    """ListOps classification split over two processes: the pooled summary adds the shards' sums, every
-    process holds the class logits, and the 6 steps and the validation loss are those of one process."""
-    alone = train(tmp_path / "one", "tnn", *LISTOPS)
-    split = split_trainings["classify"]
-    losses = [[record["loss"] for record in run if "split" not in record] for run in (alone, split)]
+@pytest.mark.parametrize("run", ["classify", "within"])
+def test_classification_and_padded_windows_with_the_sequence_split_follow_one_process(run, split_trainings, tmp_path):
+    """ListOps classification split over two processes (the pooled summary adds the shards' sums, every process
+    holds the class logits), and windows within the documents of a prepared corpus (each process reads its part
+    of every window and the padding mask of whole ones; the count of scored tokens is the group's): the 6 steps
+    and the validation loss are those of one process."""
+    alone = train(tmp_path / "one", *split_trainings["flags"][run])
+    split = split_trainings[run]
+    losses = [[record["loss"] for record in records if "split" not in record] for records in (alone, split)]
     assert len(losses[0]) == 6 and max(abs(a - b) / abs(a) for a, b in zip(*losses, strict=True)) < 1e-4
     assert abs(alone[-1]["loss"] - split[-1]["loss"]) / alone[-1]["loss"] < 1e-4
 

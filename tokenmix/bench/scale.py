@@ -69,9 +69,10 @@ class ScaleRun:
         """This process's share of the next-token loss of ``tokens`` (1, length + 1)."""
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
         if self.split is None:
-            return shard_cross_entropy(self.model(inputs), targets, 0, inputs.shape[1])
+            return shard_cross_entropy(self.model(inputs), targets)
         shard = self.split.shard(inputs.shape[1])
-        return shard_cross_entropy(self.split(inputs), targets, shard.start, shard.stop)
+        own = slice(shard.start, shard.stop)  # each process reads its shard's tokens alone, as a training step does
+        return shard_cross_entropy(self.split(inputs[:, own], length=inputs.shape[1]), targets[:, own], shard.group)
 
     def step(self, tokens: torch.Tensor) -> None:
         self.model.zero_grad(set_to_none=True)

@@ -53,7 +53,8 @@ def check_tokens(tokens: torch.Tensor, vocab_size: int, mask: torch.Tensor | Non
 
 class PartRun(Protocol):
     """How the blocks run on a part of the sequence (``tokenmix.parallel.ContextRun``): ``local`` takes
-    the part of a (batch, length) tensor, ``run(part, h)`` runs a part that mixes tokens, ``pool``
+    the part of a (batch, length) tensor, ``tokens_of`` the part's tokens (of whole sequences, or given as
+    the part alone), ``run(part, h)`` runs a part that mixes tokens, ``pool``
     gives ``pool_hidden`` of the whole sequence from the part's hidden states; a segment-recurrent
     block reads its ``shard``, the padding ``mask_of`` positions, and gathers the ``span`` of positions
     its context needs."""
@@ -61,6 +62,8 @@ class PartRun(Protocol):
     shard: object  # a ``tokenmix.parallel.ContextShard``: start, stop, length
 
     def local(self, t: torch.Tensor | None) -> torch.Tensor | None: ...
+
+    def tokens_of(self, tokens: torch.Tensor) -> torch.Tensor: ...
 
     def mask_of(self, begin: int, end: int) -> torch.Tensor | None: ...
 
@@ -179,14 +182,15 @@ class SequenceModel(nn.Module):
         """Final-norm hidden states (batch, n, dim); with a state, the stream continued and the next state.
 
         ``run``: the blocks run on ``run.local``'s part of the sequence only, each calling ``run`` where a
-        part mixes tokens (``tokenmix.parallel.ContextRun``: this process's shard, the rest exchanged);
+        part mixes tokens (``tokenmix.parallel.ContextRun``: this process's shard, the rest exchanged;
+        ``tokens`` may be that part alone, the padding ``mask`` is of whole sequences and checked by the run);
         with a state too (segment-recurrent models only), the blocks' ``step`` continues the stream by
         this part of a whole segment.
         """
-        check_tokens(tokens, self.config.vocab_size, mask)
+        check_tokens(tokens, self.config.vocab_size, mask if run is None else None)
         local = (lambda t: t) if run is None else run.local
         parts = () if run is None else (run,)
-        x = self.embed(local(tokens))
+        x = self.embed(tokens if run is None else run.tokens_of(tokens))
         if state is None:
             for block in self.blocks:
                 x = self._run_block(block, x, local(mask), *parts)
@@ -252,7 +256,8 @@ class SequenceModel(nn.Module):
             if not isinstance(tokens, torch.Tensor) or tokens.dim() != 3 or tokens.shape[1] != documents:
                 shape = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
                 raise ValueError(f"tokens must be (batch, {documents}, length) for a model of documents={documents}, got {shape}")
-            check_mask(mask, tuple(tokens.shape))
+            if run is None:
+                check_mask(mask, tuple(tokens.shape))
             tokens, mask = tokens.flatten(0, 1), None if mask is None else mask.flatten(0, 1)
         with autocast(self.precision, tokens.device):
             h, _ = self.hidden_states(tokens, mask, run=run)

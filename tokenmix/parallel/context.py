@@ -16,8 +16,9 @@ way it declares (``Mixer.sequence_split``), exactly (the numbers of one process,
 - ``"body"``: a block (or full attention) whose own work is token-wise: its body runs on the shard
   with this same ``run`` for its parts.
 
-Every process holds the batch's tokens and padding mask (a few bytes per token), so spans of the
-mask need no exchange; activations exist only for the shard, its halo, or its channel or head share.
+Every process holds the batch's padding mask (a bit per token), so spans of the mask need no exchange;
+of the tokens it needs only its shard's (a training step reads no others: ``ContextParallel(tokens,
+length=...)``), and activations exist only for the shard, its halo, or its channel or head share.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..mixers.base import zero_padding
+from ..mixers.base import check_mask, zero_padding
 from ..models.model import SequenceModel, pooling_weights
 from ..precision import run_in_inner_precision
 from .exchange import exchange
@@ -48,15 +49,21 @@ def _resized(shape, sizes: dict[int, int]) -> tuple[int, ...]:
 
 class ContextRun:
     """``run(part, h)`` for a block's body on the shard ``shard`` of a batch whose whole (batch, length)
-    padding mask is ``mask`` (None: every token real)."""
+    padding mask is ``mask`` (None: every token real); ``tokens_given_whole``: whether the tokens passed to
+    the model are whole sequences (else only the shard's)."""
 
-    def __init__(self, shard: ContextShard, mask: torch.Tensor | None):
+    def __init__(self, shard: ContextShard, mask: torch.Tensor | None, tokens_given_whole: bool = True):
         self.shard, self.mask = shard, None if mask is None else mask.flatten(0, -2)  # the dual encoder's documents are rows
+        self.tokens_given_whole = tokens_given_whole
         self.strategies = {"body": self.body, "halo": self.halo, "channels": self.channels, "heads": self.heads}
 
     def local(self, t: torch.Tensor | None) -> torch.Tensor | None:
         """This shard's positions of a (batch, length) tensor."""
         return None if t is None else t[:, self.shard.start : self.shard.stop]
+
+    def tokens_of(self, tokens: torch.Tensor) -> torch.Tensor:
+        """This shard's tokens, of the tokens the model was given."""
+        return self.local(tokens) if self.tokens_given_whole else tokens
 
     def pool(self, h: torch.Tensor, how: str) -> torch.Tensor:
         """``pool_hidden`` of the whole sequence: this shard's weighted sum of its hidden states (batch, n, dim),
@@ -151,20 +158,30 @@ def context_parallel_problems(model: SequenceModel, processes: int) -> list[str]
 
 
 def context_parallel_logits(
-    model: SequenceModel, tokens: torch.Tensor, mask: torch.Tensor | None, shard: ContextShard, state=None, return_state: bool = False
+    model: SequenceModel,
+    tokens: torch.Tensor,
+    mask: torch.Tensor | None,
+    shard: ContextShard,
+    state=None,
+    return_state: bool = False,
+    tokens_given_whole: bool = True,
 ):
     """Logits (batch, stop - start, vocab) at this process's shard of ``tokens`` (batch, length), the
-    whole batch (every process of ``shard.group`` passes the same tokens and mask); a classifier's
-    (batch, num_classes), the same on every process (tokens (batch, 2, length) for the dual encoder).
-    A segment-recurrent model (Transformer-XL) continues its stream ``state`` by the segment ``tokens``
-    (``return_state``: and returns the next state, the same on every process)."""
+    whole batch (every process of ``shard.group`` passes the same tokens and mask), or with
+    ``tokens_given_whole=False`` the shard's tokens alone (batch, stop - start) and the whole batch's mask;
+    a classifier's (batch, num_classes), the same on every process (tokens (batch, 2, length) for the dual
+    encoder). A segment-recurrent model (Transformer-XL) continues its stream ``state`` by the segment
+    ``tokens`` (``return_state``: and returns the next state, the same on every process)."""
     if not isinstance(tokens, torch.Tensor) or tokens.dim() < 2:
         raise ValueError(f"tokens must be a (batch, length) tensor, got {getattr(tokens, 'shape', type(tokens).__name__)}")
-    if tokens.shape[-1] != shard.length:
-        raise ValueError(f"tokens have length {tokens.shape[-1]}, but the shard was made for sequences of {shard.length}")
     if shard.length < shard.size:
         raise ValueError(f"sequences of {shard.length} tokens cannot be split over {shard.size} processes: give each at least one token")
-    return model(tokens, mask, state=state, return_state=return_state, run=ContextRun(shard, mask))
+    expected = shard.length if tokens_given_whole else shard.stop - shard.start
+    if tokens.shape[-1] != expected:
+        what = f"sequences of {shard.length}" if tokens_given_whole else f"process {shard.rank}'s {expected} of sequences of {shard.length}"
+        raise ValueError(f"tokens have length {tokens.shape[-1]}, but the shard was made for {what}")
+    check_mask(mask, (*tokens.shape[:-1], shard.length))
+    return model(tokens, mask, state=state, return_state=return_state, run=ContextRun(shard, mask, tokens_given_whole))
 
 
 class ContextParallel(nn.Module):
@@ -187,11 +204,15 @@ class ContextParallel(nn.Module):
     def shard(self, length: int) -> ContextShard:
         return ContextShard(self.group, self.rank, self.size, length)
 
-    def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None, *, state=None, return_state: bool = False):
-        if self.gather and (state is not None or return_state):
+    def forward(
+        self, tokens: torch.Tensor, mask: torch.Tensor | None = None, *, length: int | None = None, state=None, return_state: bool = False
+    ):
+        """``length``: the sequences' length where ``tokens`` are this process's shard of them alone (a training step
+        reads only those: ``Objective.batch(part=...)``); None where they are whole."""
+        if self.gather and (state is not None or return_state or length is not None):
             raise ValueError("a split stream's logits stay with their shards: gather=True reads whole sequences (state=None)")
-        shard = self.shard(tokens.shape[-1])
-        logits = context_parallel_logits(self.model, tokens, mask, shard, state, return_state)
+        shard = self.shard(tokens.shape[-1] if length is None else length)
+        logits = context_parallel_logits(self.model, tokens, mask, shard, state, return_state, tokens_given_whole=length is None)
         if not self.gather or self.model.classifier is not None:  # class logits are whole on every process
             return logits
         shapes = [_resized(logits.shape, {1: stop - start}) for start, stop in shard.bounds]

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ..data.batches import StreamBatches, step_generator, step_seed
+from ..data.batches import Part, StreamBatches, step_generator, step_seed
 from ..data.tokenizer import Tokenizer
 from ..models.model import SequenceModel
 from ..parallel import ContextParallel
@@ -58,21 +58,36 @@ def loss_on_shards(objective: Objective, split: ContextParallel | None, logits: 
     return objective.shard_loss(logits, targets, shard) * shard.size
 
 
+def shard_part(objective: Objective, split: ContextParallel | None, seq_len: int) -> Part:
+    """The positions [start, stop) of each window this process reads: its shard's, where context parallelism splits
+    the sequences and the objective can read parts (``Objective.reads_parts``); None: whole windows."""
+    if split is None or not objective.reads_parts:
+        return None
+    shard = split.shard(seq_len)
+    return shard.start, shard.stop
+
+
+def shard_inputs(part: Part, seq_len: int) -> dict:
+    """What tells a context-parallel module that the tokens it is given are its shard's alone (of sequences of ``seq_len``)."""
+    return {} if part is None else {"length": seq_len}
+
+
 def probe_loss(
     objective: Objective, model: SequenceModel, split: ContextParallel | None, copies: int, seq_len: int, device
 ) -> torch.Tensor:
     """The loss of ``copies`` copies of the run's largest example of ``seq_len`` tokens, computed as a training step does
-    (by ``model``, or its ``split`` with context parallelism; segment-recurrent models: with a full memory, as every
-    segment but a stream's first)."""
-    module = split or model
-    example = objective.largest_example(seq_len)
+    (by ``model``, or its ``split`` with context parallelism, reading its shard's part; segment-recurrent models: with a
+    full memory, as every segment but a stream's first)."""
+    module, part = split or model, shard_part(objective, split, seq_len)
+    example = objective.largest_example(seq_len, part)
     inputs, targets, mask = (None if t is None else t.to(device).expand(copies, *t.shape[1:]) for t in example)
+    length, given = inputs.shape[-1] if part is None else seq_len, shard_inputs(part, seq_len)
     if not model.recurrent:
-        return loss_on_shards(objective, split, module(inputs, mask), targets, inputs.shape[-1])
+        return loss_on_shards(objective, split, module(inputs, mask, **given), targets, length)
     state = model.init_state(copies, device=device)
     with torch.no_grad():
-        _, state = module(inputs, state=state, return_state=True)
-    return loss_on_shards(objective, split, module(inputs, state=state, return_state=True)[0], targets, inputs.shape[-1])
+        _, state = module(inputs, state=state, return_state=True, **given)
+    return loss_on_shards(objective, split, module(inputs, state=state, return_state=True, **given)[0], targets, length)
 
 
 def divergence(loss: float, step: int, out: Path) -> TrainingDiverged:
@@ -139,6 +154,7 @@ class Trainer:
             parallelism = ParallelConfig(config.activation_checkpointing, config.compile, config.fsdp, config.precision)
             prepare = functools.partial(self._prepare_run, saved=saved, overwrite=overwrite, memory_check=memory_check)
             self.parallel = parallelize(self.model, self.dims, parallelism, prepare)
+            self.part = shard_part(self.objective, self.parallel.split, config.seq_len)  # of each window, what this process reads
             self._build_optimizer()
             self.sinks = start_trackers(config, self.model, self.out, saved, self.dims.is_main)  # --log, ended by ``run``
             if saved is not None:
@@ -196,22 +212,24 @@ class Trainer:
     def batch(self, step: int):
         """(inputs, targets, mask) of ``step``, the same on every resume."""
         generator = step_generator(self.config.seed, step, self.dims.data_rank)
-        return self.objective.batch(self.config.batch_size, self.config.seq_len, generator)
+        return self.objective.batch(self.config.batch_size, self.config.seq_len, generator, self.part)
 
     def train_step(self) -> tuple[float, int]:
         """One optimizer step: (loss, averaged over the processes gives the step's; real tokens of this rank's batch)."""
         torch.manual_seed(step_seed(self.config.seed, self.step, self.dims.rank) + 1)  # dropout, apart from batches
+        part, seq_len = self.part, self.config.seq_len
+        given = shard_inputs(part, seq_len)
         if self.streams is None:
             inputs, targets, mask = (None if t is None else t.to(self.device) for t in self.batch(self.step))
-            logits = self.parallel.trained(inputs, mask)
-            tokens = inputs.numel() if mask is None else int(mask.sum())
+            logits = self.parallel.trained(inputs, mask, **given)
         else:
-            inputs, targets, fresh = self.streams.batch(self.step)
-            inputs, targets = inputs.to(self.device), targets.to(self.device)
+            inputs, targets, fresh = self.streams.batch(self.step, part)
+            inputs, targets, mask = inputs.to(self.device), targets.to(self.device), None
             state = self.model.init_state(inputs.shape[0], device=self.device) if fresh else self.segment_state
-            logits, self.segment_state = self.parallel.trained(inputs, state=state, return_state=True)
-            tokens = inputs.numel()
-        loss = loss_on_shards(self.objective, self.parallel.split, logits, targets, inputs.shape[-1])
+            logits, self.segment_state = self.parallel.trained(inputs, state=state, return_state=True, **given)
+        length = inputs.shape[-1] if part is None else seq_len
+        tokens = int(mask.sum()) if mask is not None else inputs.numel() // inputs.shape[-1] * length  # of whole windows
+        loss = loss_on_shards(self.objective, self.parallel.split, logits, targets, length)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         if self.config.grad_clip > 0:

@@ -18,18 +18,21 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..data.batches import document_lm_batch, document_mlm_batch, lm_batch, mlm_batch
+from ..data.batches import Part, document_lm_batch, document_mlm_batch, lm_batch, mlm_batch
 from ..data.sources import source_kind
 from .evaluate import EVAL_BATCH, evaluate_classification, evaluate_lm, evaluate_mlm, evaluate_recall, predict
 from .metrics import glue_metrics
 
 
-def shard_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-    """The share of the batch's mean next-token loss that the logits of tokens [start, stop) carry (context
-    parallelism): their summed loss over the count of the whole batch's scored tokens (targets -100: unscored)."""
-    scored = (targets != -100).sum().clamp_min(1)
-    part = targets[:, start:stop]
-    return F.cross_entropy(logits.flatten(0, -2).float(), part.flatten(), ignore_index=-100, reduction="sum") / scored
+def shard_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, group=None) -> torch.Tensor:
+    """The share of the batch's mean next-token loss that a shard's logits carry (context parallelism): their
+    summed loss against the shard's ``targets`` over the count of the whole batch's scored tokens (targets -100:
+    unscored), the counts of the shards of ``group`` added up (one all-reduce; None: this process's alone)."""
+    scored = (targets != -100).sum()
+    if group is not None:
+        torch.distributed.all_reduce(scored, group=group)
+    loss = F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(), ignore_index=-100, reduction="sum")
+    return loss / scored.clamp_min(1)
 
 
 class Objective:
@@ -39,6 +42,7 @@ class Objective:
     kind = ""  # what the error for a wrong task calls the data
     streams = False  # whether segment-recurrent models (Transformer-XL family) can learn it
     text = False  # whether its tokens are text a sample can be printed in
+    reads_parts = False  # whether ``batch`` can read a part of each window alone (context parallelism), else whole examples
 
     def __init__(self, data, task: str, seed: int = 0):
         self.check_task(data.source, task)
@@ -54,21 +58,24 @@ class Objective:
         """The model settings the data fixes (vocabulary; classes and documents for classification)."""
         return {"vocab_size": self.data.vocab_size}
 
-    def batch(self, batch_size: int, seq_len: int, generator: torch.Generator):
-        """(inputs, targets, mask) of one training step; mask None when every token is real."""
+    def batch(self, batch_size: int, seq_len: int, generator: torch.Generator, part: Part = None):
+        """(inputs, targets, mask) of one training step; mask None when every token is real. ``part`` (start, stop),
+        given where ``reads_parts``: inputs and targets of those positions of each window alone, the mask whole."""
         raise NotImplementedError  # pragma: no cover - abstract
 
-    def largest_example(self, seq_len: int):
+    def largest_example(self, seq_len: int, part: Part = None):
         """(inputs, targets, mask) of one example as long as any the run draws (for the memory estimate)."""
-        return self.batch(1, seq_len, torch.Generator().manual_seed(self.seed))
+        return self.batch(1, seq_len, torch.Generator().manual_seed(self.seed), part)
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(), ignore_index=-100)
 
     def shard_loss(self, logits: torch.Tensor, targets: torch.Tensor, shard) -> torch.Tensor:
         """This process's term of the batch's loss under context parallelism (``shard``: its ContextShard):
-        the terms of the processes of a group add up to the loss. Here, the share its tokens carry."""
-        return shard_cross_entropy(logits, targets, shard.start, shard.stop)
+        the terms of the processes of a group add up to the loss. Here, the share its tokens carry (``targets``:
+        the shard's where the objective reads parts, else the whole batch's)."""
+        own = targets if self.reads_parts else targets[:, shard.start : shard.stop]
+        return shard_cross_entropy(logits, own, shard.group)
 
     def evaluate(self, model, split: str, *, length: int, max_tokens: int | None = None, batch_size: int = EVAL_BATCH) -> dict:
         raise NotImplementedError  # pragma: no cover - abstract
@@ -83,24 +90,26 @@ class LanguageModeling(Objective):
     tasks = ("lm", "mlm")
     streams = True
     text = True
+    reads_parts = True
     kind = "language-modelling"
 
     def model_fields(self) -> dict:
         return {"vocab_size": self.data.tokenizer.model_vocab_size(self.task)}
 
-    def batch(self, batch_size, seq_len, generator):
-        """Random windows of the training split; with prepared data's ``windows=within``, each in one document."""
+    def batch(self, batch_size, seq_len, generator, part=None):
+        """Random windows of the training split; with prepared data's ``windows=within``, each in one document;
+        ``part``: of each only the positions [start, stop) are read (a prepared split reads no other ids)."""
         tokenizer, train = self.data.tokenizer, self.data.train
         within = self.data.windows == "within"
         pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0  # masked wherever it is padding
         if self.task == "mlm":
             masking = (tokenizer.mask_id, tokenizer.vocab_size)
             if within:
-                return document_mlm_batch(train, batch_size, seq_len, generator, *masking, pad_id)
-            return (*mlm_batch(train, batch_size, seq_len, generator, *masking), None)
+                return document_mlm_batch(train, batch_size, seq_len, generator, *masking, pad_id, part)
+            return (*mlm_batch(train, batch_size, seq_len, generator, *masking, part), None)
         if within:
-            return document_lm_batch(train, batch_size, seq_len, generator, pad_id)
-        return (*lm_batch(train, batch_size, seq_len, generator), None)
+            return document_lm_batch(train, batch_size, seq_len, generator, pad_id, part)
+        return (*lm_batch(train, batch_size, seq_len, generator, part), None)
 
     def evaluate(self, model, split, *, length, max_tokens=None, batch_size=EVAL_BATCH):
         """Loss, perplexity per token, bits per byte; for next-token prediction also the perplexity
@@ -119,7 +128,7 @@ class Recall(Objective):
     tasks = ("lm",)
     kind = "next-token"
 
-    def batch(self, batch_size, seq_len, generator):
+    def batch(self, batch_size, seq_len, generator, part=None):
         return (*self.data.batch(batch_size, generator), None)
 
     def evaluate(self, model, split, *, length, max_tokens=None, batch_size=EVAL_BATCH):
@@ -144,12 +153,12 @@ class Classification(Objective):
         grid = {"grid": self.data.grid} if self.data.grid is not None else {}
         return {"vocab_size": self.data.vocab_size, "num_classes": self.data.num_classes, "documents": self.data.documents, **grid}
 
-    def batch(self, batch_size, seq_len, generator):
+    def batch(self, batch_size, seq_len, generator, part=None):
         train = self.data.train
         tokens, mask, labels = train.batch(torch.randint(len(train), (batch_size,), generator=generator), multiple=self.multiple)
         return tokens, labels, None if bool(mask.all()) else mask
 
-    def largest_example(self, seq_len):
+    def largest_example(self, seq_len, part=None):
         train = self.data.train
         longest = int(train.lengths().max(dim=1).values.argmax())
         tokens, mask, labels = train.batch([longest], multiple=self.multiple)
