@@ -70,11 +70,15 @@ def test_the_tables_show_the_acceptance_ratios():
     sizes = [{**memory, "text_gib": gib, "text_bytes": gib * 2**30, "shard_bytes": 2 * gib * 2**30} for gib in (16, 1)]
     sizes[0]["peak_rss_bytes"], sizes[1]["peak_rss_bytes"] = 1100 * 2**20, 1000 * 2**20
     sizes[0]["prepare_seconds"] = 512.0
-    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in data_bench.data_tables([*prepares, *sizes]).splitlines()]
+    each = [900 * 2**20, 1200 * 2**20]  # two torchrun processes over 1 GiB: compared with each other, not with one process
+    parallel = {**sizes[1], "processes": 2, "peak_rss_bytes": max(each), "peak_rss_each": each}
+    records = [*prepares, *sizes, parallel]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in data_bench.data_tables(records).splitlines()]
     assert rows[0][-2:] == ["per_process_vs_encode_batch", "cpu_per_wall"] and rows[3][-2:] == ["0.75", "1"]  # 6 MiB/s by 2 against 4
-    assert rows[-4][:2] == ["model", "processes"] and [row[1] for row in rows[-2:]] == ["1", "1"]  # records from before --data-processes
-    assert rows[-4][6:8] == ["peak_RSS_MiB", "vs_smallest"] and [row[6:8] for row in rows[-2:]] == [["1100", "1.1"], ["1000", "1"]]
-    assert rows[-4][-1] == "prepared_MiB_s" and [row[-1] for row in rows[-2:]] == ["32", "-"]  # 16 GiB in 512 s
+    assert rows[-5][:2] == ["model", "processes"] and [row[1] for row in rows[-3:]] == ["1", "1", "2"]  # 1: records before --data-processes
+    assert rows[-5][6:9] == ["peak_RSS_MiB", "least_RSS_MiB", "vs_smallest"]
+    assert [row[6:9] for row in rows[-3:]] == [["1100", "1100", "1.1"], ["1000", "1000", "1"], ["1200", "900", "1"]]
+    assert rows[-5][-1] == "prepared_MiB_s" and [row[-1] for row in rows[-3:]] == ["32", "-", "-"]  # 16 GiB in 512 s
 
 
 def test_the_generated_text_is_deterministic_whole_documents():

@@ -381,6 +381,7 @@ def data_tables(records: list[dict]) -> str:
                 "model": r["model"], "processes": r.get("processes", 1), "text_GiB": r["text_bytes"] / GIB,
                 "shards_GiB": r["shard_bytes"] / GIB, "train_tokens": r["train_tokens"], "steps": r["steps"],
                 "peak_RSS_MiB": r["peak_rss_bytes"] / MIB,
+                "least_RSS_MiB": min(r.get("peak_rss_each", [r["peak_rss_bytes"]])) / MIB,  # the smallest process's peak
                 "vs_smallest": r["peak_rss_bytes"] / smallest[r["model"], r.get("processes", 1)],
                 "train_s": r["train_seconds"],
                 "batch_ms": r["batch_ms"], "batch_ms_max": r["batch_ms_max"],
