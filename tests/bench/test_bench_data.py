@@ -122,7 +122,7 @@ def test_the_peak_memory_is_the_childs_own(tmp_path):
         f"children = [subprocess.Popen([sys.executable, '-c', {script!r}, size]) for size in ('200', '1')]; "
         "sys.exit(max(child.wait() for child in children))"
     )
-    _, workers = data_bench.child_peak_memory([sys.executable, "-c", starts_two], tmp_path / "workers.out", depth=1)
+    _, workers = data_bench.child_peak_memory([sys.executable, "-c", starts_two], tmp_path / "workers.out", depth=1, processes=2)
     assert len(workers) == 2 and 200 * 2**20 < max(workers.values()) < 300 * 2**20 and min(workers.values()) < 100 * 2**20
     with pytest.raises(RuntimeError, match="exited with status 3; its output ended:\nbye"):
         data_bench.child_peak_memory([sys.executable, "-c", "print('bye'); raise SystemExit(3)"], tmp_path / "fails.out")

@@ -29,6 +29,7 @@ Records (``data_tables`` prints a table per kind):
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import resource
@@ -71,6 +72,7 @@ SPARE = 1 << 30  # free space left over after the corpora
 MIB, GIB = 1 << 20, 1 << 30
 SEED = 0
 POLL_SECONDS = 0.05
+TREE_POLLS = 20  # once all are found, the processes a child started are looked up again once a second
 
 
 @contextlib.contextmanager
@@ -289,7 +291,7 @@ def memory_record(model: str, folder: str, processes: int, args) -> dict:
         command += ["--dim", str(args.model_dim), "--depth", str(args.depth), "--seq-len", str(length), "--batch-size", str(batch)]
         command += ["--steps", steps, "--eval-every", steps, "--eval-tokens", evaluated, "--final-eval-tokens", evaluated]
         command += ["--sample-tokens", "0", "--threads", str(args.threads), "--device", args.device, "--out", str(Path(out) / "run")]
-        seconds, peaks = child_peak_memory(command, Path(out) / "train.out", depth=0 if processes == 1 else 1)
+        seconds, peaks = child_peak_memory(command, Path(out) / "train.out", depth=0 if processes == 1 else 1, processes=processes)
     if len(peaks) != processes:
         raise RuntimeError(f"{shlex.join(command)}: /proc showed the resident memory of {len(peaks)} training processes, not {processes}")
     split = open_prepared(folder).train
@@ -321,21 +323,27 @@ def process_tree(root: int) -> dict[int, int]:
     return depths
 
 
-def child_peak_memory(command: list[str], log: Path, depth: int = 0) -> tuple[float, dict[int, int]]:
-    """(seconds, {pid: peak resident bytes}) of ``command`` run to its end, for its processes ``depth`` levels below
-    it (0: the command's own process; 1: those it starts, as torchrun's workers), its standard output in ``log``
+def child_peak_memory(command: list[str], log: Path, depth: int = 0, processes: int = 1) -> tuple[float, dict[int, int]]:
+    """(seconds, {pid: peak resident bytes}) of ``command`` run to its end, for its ``processes`` processes ``depth``
+    levels below it (0: the command's own process; 1: those it starts, as torchrun's workers), its standard output in ``log``
     (its standard error here: progress bars and errors); RuntimeError with what it printed when it fails.
 
     A peak is the process's own high-water mark (``resident_peak``, read every ``POLL_SECONDS`` until it ends: the
     last moments, when it has written its model and exits, could be missed), not its ``ru_maxrss``: Linux carries
-    that over an exec from the process that forked the child, so it would be at least this process's size."""
-    started, peaks = time.perf_counter(), {}
+    that over an exec from the process that forked the child, so it would be at least this process's size. The
+    processes are looked up in /proc at every reading until all are found, then every ``TREE_POLLS`` readings (a
+    scan of every process costs more than a reading)."""
+    started, peaks, watched = time.perf_counter(), {}, []
     with open(log, "wb") as output:
         child = subprocess.Popen(command, stdout=output)
     try:
-        while child.poll() is None:
-            for pid, level in process_tree(child.pid).items():
-                found = resident_peak(pid) if level == depth else None  # None once it has exited
+        for poll in itertools.count():
+            if child.poll() is not None:
+                break
+            if len(watched) < processes or poll % TREE_POLLS == 0:
+                watched = [pid for pid, level in process_tree(child.pid).items() if level == depth]
+            for pid in watched:
+                found = resident_peak(pid)  # None once it has exited
                 if found is not None:
                     peaks[pid] = max(found, peaks.get(pid, 0))
             time.sleep(POLL_SECONDS)
