@@ -118,6 +118,18 @@ def test_a_sequence_shorter_than_the_group_is_refused():
         context_parallel_logits(model, torch.zeros(1, 3, dtype=torch.long), None, ContextShard(None, 0, 4, 3))
 
 
+def test_tokens_and_masks_of_the_wrong_length_for_the_shard_are_refused():
+    """Whole sequences, or the shard's tokens alone (``tokens_given_whole=False``) with the mask of whole ones."""
+    model, shard = tokenmix.build_model("tnn", vocab_size=20, dim=16, depth=1), ContextShard(None, 1, 4, 23)  # [6, 12)
+    tokens = torch.zeros(2, 23, dtype=torch.long)
+    with pytest.raises(ValueError, match="tokens have length 22, but the shard was made for sequences of 23"):
+        context_parallel_logits(model, tokens[:, 1:], None, shard)
+    with pytest.raises(ValueError, match="tokens have length 23, but the shard was made for process 1's 6 of sequences of 23"):
+        context_parallel_logits(model, tokens, None, shard, tokens_given_whole=False)
+    with pytest.raises(ValueError, match=r"mask must have shape \(batch, length\) = \(2, 23\), got \(2, 6\)"):
+        context_parallel_logits(model, tokens[:, 6:12], torch.ones(2, 6, dtype=torch.bool), shard, tokens_given_whole=False)
+
+
 TRAIN = ["--dim", "16", "--depth", "2", "--seq-len", "97", "--batch-size", "2", "--steps", "6", "--eval-every", "6"]
 # the default end-of-run sample kept, 16 tokens long instead of 300
 TRAIN += ["--eval-tokens", "1024", "--final-eval-tokens", "1024", "--threads", "1", "--save-every", "6", "--sample-tokens", "16"]

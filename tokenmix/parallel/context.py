@@ -210,7 +210,7 @@ class ContextParallel(nn.Module):
         """``length``: the sequences' length where ``tokens`` are this process's shard of them alone (a training step
         reads only those: ``Objective.batch(part=...)``); None where they are whole."""
         if self.gather and (state is not None or return_state or length is not None):
-            raise ValueError("a split stream's logits stay with their shards: gather=True reads whole sequences (state=None)")
+            raise ValueError("a split stream's logits stay with their shards: gather=True reads whole sequences (state=None, length=None)")
         shard = self.shard(tokens.shape[-1] if length is None else length)
         logits = context_parallel_logits(self.model, tokens, mask, shard, state, return_state, tokens_given_whole=length is None)
         if not self.gather or self.model.classifier is not None:  # class logits are whole on every process
