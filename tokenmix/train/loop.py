@@ -90,6 +90,19 @@ def probe_loss(
     return loss_on_shards(objective, split, module(inputs, state=state, return_state=True, **given)[0], targets, length)
 
 
+def update(loss: torch.Tensor, model: SequenceModel, optimizer, scaler: torch.amp.GradScaler, scheduler, grad_clip: float) -> None:
+    """The weights moved by ``loss``'s gradients: backward (scaled for fp16), clipped to norm ``grad_clip`` (0: not
+    clipped), the optimizer's step and the learning rate's."""
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    if grad_clip > 0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(optimizer)  # skipped (fp16) when a gradient overflowed; the scale then shrinks
+    scaler.update()
+    scheduler.step()
+
+
 def divergence(loss: float, step: int, out: Path) -> TrainingDiverged:
     """What stops a run whose ``loss`` became non-finite at ``step``."""
     return TrainingDiverged(
@@ -230,14 +243,7 @@ class Trainer:
         length = inputs.shape[-1] if part is None else seq_len
         tokens = int(mask.sum()) if mask is not None else inputs.numel() // inputs.shape[-1] * length  # of whole windows
         loss = loss_on_shards(self.objective, self.parallel.split, logits, targets, length)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scaler.scale(loss).backward()
-        if self.config.grad_clip > 0:
-            self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
-        self.scaler.step(self.optimizer)  # skipped (fp16) when a gradient overflowed; the scale then shrinks
-        self.scaler.update()
-        self.scheduler.step()
+        update(loss, self.model, self.optimizer, self.scaler, self.scheduler, self.config.grad_clip)
         self.step += 1
         return loss.item(), tokens
 
