@@ -22,6 +22,10 @@
   (``shapes.py``), a small image task for 2-D mixers.
 - ``lra-pathfinder:DIR[:resolution=32|64|128|256][:difficulty=easy|intermediate|hard][:limit=N]``:
   Pathfinder and Path-X (resolution 128) images (``lra_pathfinder.py``).
+- ``pathfinder-gen[:resolution=R][:difficulty=D][:train=N][:val=N][:test=N]``: Pathfinder images generated
+  at the LRA's settings for ``resolution`` 32 (default), 64, 128 (Path-X) or 256 and ``difficulty`` easy,
+  intermediate or hard (default), seeded by the run's seed and cached; 20,000 / 2,000 / 2,000 images by
+  default, a CPU's share of the LRA's 160,000 / 20,000 / 20,000 (``pathfinder_gen.py``).
 
 Classification sources give a ``ClassificationData``; their ``length`` is set by their own options
 (the ``length`` argument shapes the associative-recall task only).
@@ -41,6 +45,7 @@ from .lra_image import load_lra_image
 from .lra_pathfinder import load_lra_pathfinder
 from .lra_retrieval import load_lra_retrieval
 from .lra_text import load_lra_text
+from .pathfinder_gen import load_pathfinder_gen
 from .prepared import open_prepared, prepared_folder
 from .recall import PREFIX as RECALL
 from .recall import AssociativeRecall, parse_recall
@@ -62,6 +67,7 @@ TASKS = {
     "lra-image": (load_lra_image, {"val_fraction": float}, True),
     "lra-pathfinder": (load_lra_pathfinder, {"resolution": int, "difficulty": str, "limit": int}, True),
     "shapes": (load_shapes, dict.fromkeys(("size", "train", "val", "test"), int), True),
+    "pathfinder-gen": (load_pathfinder_gen, {"resolution": int, "difficulty": str, **dict.fromkeys(("train", "val", "test"), int)}, True),
 }
 
 
