@@ -20,6 +20,7 @@ DATA_SHAPES = {
     "lra-retrieval": (256, 2, 2, None),
     "lra-image": (256, 10, 1, (32, 32)),
     "lra-pathfinder": (256, 2, 1, "resolution"),
+    "pathfinder-gen": (256, 2, 1, "resolution"),
     "shapes": (256, 4, 1, (16, 16)),
 }
 
@@ -31,7 +32,7 @@ def data_fields(source: str, tokenizer: str = "bytes") -> dict:
         return {"vocab_size": int(tokenizer.removeprefix("bpe:")) if tokenizer.startswith("bpe:") else 256}
     vocab, classes, documents, grid = DATA_SHAPES[source.split(":")[0]]
     if grid == "resolution":
-        resolution = int(source.split("resolution=")[1].split(":")[0])
+        resolution = int(source.split("resolution=")[1].split(":")[0]) if "resolution=" in source else 32  # the sources' default
         grid = (resolution, resolution)
     examples = Examples.from_sequences([[0]] * documents * 2, [0, 1], documents=documents)
     data = ClassificationData(source, vocab, classes, examples, examples, examples, grid)
