@@ -18,6 +18,7 @@ from ..models.registry import list_models, resolve_model_options
 from .cases import CASE_KINDS, GENERATE_DEPTH, GENERATE_KINDS, KINDS, MIXER_KINDS, TRAINING_KINDS, Case, batch_for, supports
 from .data import DATA
 from .measure import measure
+from .pathfinder import PATHFINDER
 from .scale import SCALE
 from .serve import SERVE
 
@@ -45,9 +46,9 @@ KIND_LIMITS = {"generate": ("recompute_max",), "generate_mixer": ("direct_max_se
 
 
 def apply_presets(args) -> None:
-    """Fill the options the user left out from --quick's, the full run's or those of --kinds scale, serve or data."""
+    """Fill the options the user left out from --quick's, the full run's or those of --kinds scale, serve, data or pathfinder."""
     preset = {**FULL, "kinds": list(TRAINING_KINDS), **(QUICK if args.quick else {})}
-    for alone, presets in (("scale", SCALE), ("serve", SERVE), ("data", DATA)):
+    for alone, presets in (("scale", SCALE), ("serve", SERVE), ("data", DATA), ("pathfinder", PATHFINDER)):
         if args.kinds and alone in args.kinds:
             if args.kinds != [alone]:
                 raise ValueError(f"--kinds {alone} runs alone, not with {[kind for kind in args.kinds if kind != alone]}")

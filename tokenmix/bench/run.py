@@ -16,6 +16,7 @@ from ..runtime import retain_freed_memory
 from .cases import Case
 from .data import DATA_KINDS, data_tables
 from .measure import measure
+from .pathfinder import PATHFINDER_KINDS, pathfinder_tables
 from .records import failed_measurement
 from .report import sections, table_columns
 from .scale import SCALE_KINDS, scale_tables
@@ -51,4 +52,6 @@ def bench_tables(records: list[dict]) -> str:
         return serve_tables(records)
     if records and records[0].get("kind") in DATA_KINDS:
         return data_tables(records)
+    if records and records[0].get("kind") in PATHFINDER_KINDS:
+        return pathfinder_tables(records)
     return "\n\n".join(format_table(rows, table_columns(rows)) for rows in sections(records))

@@ -69,6 +69,26 @@ class Lengths(Kind):
         return ["", "x", "512,,1024", "0", "-4", "8,1.5"]
 
 
+class LengthsAmong(Lengths):
+    """Comma-separated integers, each one of ``allowed``, e.g. resolutions ``32,128``."""
+
+    def __init__(self, what: str, allowed: tuple[int, ...]):
+        super().__init__(what)
+        self.allowed = allowed
+
+    def describe(self) -> str:
+        return f"comma-separated integers among {', '.join(map(str, self.allowed))}"
+
+    def parse(self, text: str) -> list[int]:
+        values = super().parse(text)
+        if any(value not in self.allowed for value in values):
+            raise ValueError(f"{self.what} must be among {', '.join(map(str, self.allowed))}, got {text!r}")
+        return list(dict.fromkeys(values))
+
+    def invalid(self) -> list[str]:
+        return [*super().invalid(), "48", f"{self.allowed[0]},100"]
+
+
 class Sizes(Kind):
     """Comma-separated positive numbers, e.g. ``1,16`` or ``0.5``."""
 

@@ -10,9 +10,11 @@ import os
 import platform
 import shlex
 
+import numpy as np
 import torch
 
 from ..bench.data import check_data_arguments, data_records
+from ..bench.pathfinder import pathfinder_records, write_pathfinder_plot
 from ..bench.plan import apply_presets, bench_cases, check_cases
 from ..bench.report import markdown_report, write_plots
 from ..bench.run import bench_tables, measure_cases
@@ -43,6 +45,10 @@ def run_bench(args) -> int:
             check_output_path(args.output, "--output")
             check_data_arguments(args)
             return run_data_bench(args)
+        if args.kinds == ["pathfinder"]:
+            check_output_path(args.output, "--output")
+            check_output_path(args.plot, "--plot", directory=True)
+            return run_pathfinder_bench(args)
         if args.kinds == ["scale"]:
             return run_scale(args)
         if args.kinds == ["serve"]:
@@ -124,5 +130,18 @@ def run_data_bench(args) -> int:
     write_output(args, records)
     load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
     print(f"# {platform.machine()}, {args.threads} threads, torch {torch.__version__}, {args.device}, float32; load average {load}")
+    print(bench_tables(records))
+    return 0
+
+
+def run_pathfinder_bench(args) -> int:
+    """``--kinds pathfinder``: the records written as they come, the table and the examples' plot at the end."""
+    set_threads(args.threads)
+    records, examples = pathfinder_records(args, source_revision(), lambda records: write_output(args, records))
+    write_output(args, records)
+    if args.plot:
+        write_pathfinder_plot(examples, args.plot)
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    print(f"# {platform.machine()}, one process, numpy {np.__version__}; load average {load}")
     print(bench_tables(records))
     return 0

@@ -1,5 +1,5 @@
 """The arguments of ``tokenmix bench``, in groups: what is measured, its sizes, how it runs, the options of
-the kinds generate, scale, serve and data, and the outputs."""
+the kinds generate, scale, serve, data and pathfinder, and the outputs."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ import torch
 
 from ..bench.cases import DTYPES, KINDS
 from ..compilation import COMPILE_MODES
+from ..data.pathfinder_gen import DIFFICULTIES, RESOLUTIONS
 from ..data.tokenizer import Tokenizer, parse_tokenizer_spec
 from ..fields import Choice, Integer, Names, Number, Output, Parsed
 from ..mixers.registry import list_mixers
 from ..models.registry import list_models
 from ..precision import PRECISIONS
 from ..train.config import DEVICE
-from .arguments import Cpus, KeyValue, Lengths, Sizes
+from .arguments import Cpus, KeyValue, Lengths, LengthsAmong, Sizes
 
 
 def read_tokenizer_spec(spec: str) -> None:
@@ -27,7 +28,7 @@ TOKENIZER = Parsed("bytes, bpe:VOCAB or a tokenizer.json file", read_tokenizer_s
 
 
 def add_bench_arguments(parser) -> None:
-    for add in (add_selection, add_sizes, add_execution, add_generate, add_scale, add_serve, add_data, add_outputs):
+    for add in (add_selection, add_sizes, add_execution, add_generate, add_scale, add_serve, add_data, add_pathfinder, add_outputs):
         add(parser)
 
 
@@ -49,7 +50,7 @@ def add_selection(parser) -> None:
     )
     group.add_argument(
         "--kinds",
-        type=Names((*KINDS, "scale", "serve", "data")),
+        type=Names((*KINDS, "scale", "serve", "data", "pathfinder")),
         default=None,
         help="any of mixer,layer,model,generate,precision (default: mixer,layer,model; --quick: mixer,model); precision: each mixer "
         "under autocast to --precision against itself in float64 (relative errors of output and gradients, docs/training.md); "
@@ -62,7 +63,8 @@ def add_selection(parser) -> None:
         "one-at-a-time decoding (default models tnn,tcnca,mega,transformer at width 128, depth 4; docs/serve.md); "
         "data (alone): tokenmix prepare's throughput against the tokenizers library's own, a training step's time drawing its batch "
         "from token shards, and the peak memory of tokenmix train over corpora of --data-gb sizes (default model: the Quickstart's "
-        "tnn, width 128, depth 4, 16 x 512 tokens)",
+        "tnn, width 128, depth 4, 16 x 512 tokens); pathfinder (alone): how fast pathfinder-gen draws its images at each "
+        "--pathfinder-resolutions, its cache written and read back, and the images' ink, label balance and distractors",
     )
     group.add_argument("--causal", type=Choice(["both", "yes", "no"]), default="both", help="directions measured (default: both)")
     group.add_argument(
@@ -266,6 +268,29 @@ def add_data(parser) -> None:
     )
     group.add_argument(
         "--keep-text", action="store_true", help="--kinds data: keep the generated text of a corpus once prepared (by default deleted)"
+    )
+
+
+def add_pathfinder(parser) -> None:
+    """Drawing generated Pathfinder images, --kinds pathfinder."""
+    group = parser.add_argument_group("--kinds pathfinder")
+    group.add_argument(
+        "--pathfinder-resolutions",
+        type=LengthsAmong("resolutions", RESOLUTIONS),
+        default=[32, 128],
+        help="--kinds pathfinder: image sides drawn, among 32,64,128,256 (default: 32,128)",
+    )
+    group.add_argument(
+        "--pathfinder-difficulty",
+        type=Choice(list(DIFFICULTIES)),
+        default="hard",
+        help="--kinds pathfinder: contour length 6, 9 or 14 (default: hard)",
+    )
+    group.add_argument(
+        "--pathfinder-images",
+        type=Integer(1),
+        default=500,
+        help="--kinds pathfinder: images drawn at 32 px; at R px N x 32 / R of them, at least 1 (default: 500: 125 at 128 px)",
     )
 
 
