@@ -5,14 +5,14 @@ One ``pathfinder_gen`` record per ``--pathfinder-resolutions`` entry R at ``--pa
 
 - ``images`` = ``images_at(R, --pathfinder-images)``: the count given at 32 px scaled by 32 / R (at least 1), so a
   run draws about the same number of pixel *rows* at every resolution (500 at 32, 250 at 64, 125 at 128, 62 at 256);
-  ``seconds`` and ``images_per_second``: ``pathfinder_images`` drawing them in this process.
+  ``seconds`` and ``images_per_second``: ``pathfinder_samples`` drawing them in this process (the draw
+  ``pathfinder_images`` and ``load_pathfinder_gen`` make).
 - ``cache_write_seconds``: ``load_pathfinder_gen`` with train = that count and val = test = 1 into an empty
   temporary cache (``$TOKENMIX_CACHE`` pointed there meanwhile, so the user's cache is untouched): drawing and
   writing; ``cache_load_seconds``: the same call again, reading the entry; ``cache_bytes``: its size.
-- From the same images, drawn again as ``PathfinderSample``s (the same generators, checked pixel for pixel):
-  ``ink_fraction`` (mean over images of the fraction of pixels > 0; ``_p5`` / ``_p95`` its 5th and 95th
-  percentiles over images), ``label_balance`` (fraction of label 1) and ``binomial_p`` (exact two-sided test of
-  a fair coin), ``distractors_mean`` (distractor contours drawn per image, of ``distractors_attempted``),
+- From the same samples: ``ink_fraction`` (mean over images of the fraction of pixels > 0; ``_p5`` / ``_p95``
+  its 5th and 95th percentiles over images), ``label_balance`` (fraction of label 1) and ``binomial_p`` (exact
+  two-sided test of a fair coin), ``distractors_mean`` (distractor contours drawn per image, of ``distractors_attempted``),
   ``paddles_mean`` (paddles drawn per image, targets included), and the settings (``pathfinder_settings``).
 
 With ``--plot DIR``: ``pathfinder_examples.png``, a row per resolution of ``EXAMPLES`` images of label 1 then of
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ..data.cache import CACHE_VARIABLE
-from ..data.pathfinder_gen import CHUNK, PathfinderGenerator, load_pathfinder_gen, pathfinder_images, pathfinder_settings
+from ..data.pathfinder_gen import load_pathfinder_gen, pathfinder_samples, pathfinder_settings, sample_arrays
 from ..io.progress import progress_bar
 from ..io.table import format_table
 from .data import timed
@@ -82,21 +82,12 @@ def pathfinder_records(args, revision: str | None, keep) -> tuple[list[dict], di
     return records, examples
 
 
-def drawn_samples(settings, count: int) -> list:
-    """The ``PathfinderSample``s of ``pathfinder_images(settings, count, SEED, SPLIT)``: its chunks, its generators."""
-    generator = PathfinderGenerator(settings)
-    starts = range(0, count, CHUNK)
-    return [s for j, start in enumerate(starts) for s in generator.draw(min(CHUNK, count - start), np.random.default_rng((SEED, SPLIT, j)))]
-
-
 def resolution_record(resolution: int, difficulty: str, count: int) -> tuple[dict, list]:
     """The ``pathfinder_gen`` record of ``count`` images at ``resolution`` (module docstring), and their samples."""
     settings = pathfinder_settings(resolution, difficulty)
     with progress_bar(total=count, desc=f"pathfinder: {resolution} px", unit="image") as bar:
-        seconds, _, (images, labels) = timed(pathfinder_images, settings, count, SEED, SPLIT, bar)
-    samples = drawn_samples(settings, count)
-    if not np.array_equal(np.stack([s.image for s in samples]), images):
-        raise RuntimeError(f"pathfinder: the samples drawn again at {resolution} px are not the images pathfinder_images drew")
+        seconds, _, samples = timed(pathfinder_samples, settings, count, SEED, SPLIT, bar)
+    images, labels = sample_arrays(settings, samples)
     with temporary_cache() as folder:
         options = {"resolution": resolution, "difficulty": difficulty, "train": count, "val": 1, "test": 1, "seed": SEED}
         write_seconds, _, _ = timed(load_pathfinder_gen, **options)

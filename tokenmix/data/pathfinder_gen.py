@@ -627,21 +627,31 @@ class PathfinderGenerator(_Grower):
         return np.floor(images * (255 / peak) + 0.5).astype(np.uint8)
 
 
-def pathfinder_images(settings: PathfinderSettings, count: int, seed: int = 0, split: int = 0, bar=None) -> tuple[np.ndarray, np.ndarray]:
-    """``count`` images (count, W, W) uint8 and their labels (count,) int64. Images are drawn ``CHUNK`` at a
-    time, chunk j from ``numpy.random.default_rng((seed, split, j))``: a split's images do not depend on
-    another split's count. ``bar``: a progress bar to advance by each chunk."""
+def pathfinder_samples(settings: PathfinderSettings, count: int, seed: int = 0, split: int = 0, bar=None) -> list[PathfinderSample]:
+    """``count`` ``PathfinderSample``s drawn ``CHUNK`` at a time, chunk j from
+    ``numpy.random.default_rng((seed, split, j))``: a split's images do not depend on another split's count.
+    ``bar``: a progress bar to advance by each chunk."""
     check_int(count, "pathfinder count", minimum=0)
     generator = PathfinderGenerator(settings)
-    images = np.zeros((count, settings.resolution, settings.resolution), np.uint8)
-    labels = np.zeros(count, np.int64)
+    samples = []
     for chunk, start in enumerate(range(0, count, CHUNK)):
-        samples = generator.draw(min(CHUNK, count - start), np.random.default_rng((seed, split, chunk)))
-        images[start : start + len(samples)] = [sample.image for sample in samples]
-        labels[start : start + len(samples)] = [sample.label for sample in samples]
+        drawn = generator.draw(min(CHUNK, count - start), np.random.default_rng((seed, split, chunk)))
+        samples.extend(drawn)
         if bar is not None:
-            bar.update(len(samples))
-    return images, labels
+            bar.update(len(drawn))
+    return samples
+
+
+def sample_arrays(settings: PathfinderSettings, samples: list[PathfinderSample]) -> tuple[np.ndarray, np.ndarray]:
+    """The samples' images (count, W, W) uint8 and labels (count,) int64."""
+    size = settings.resolution
+    images = np.stack([sample.image for sample in samples]) if samples else np.zeros((0, size, size), np.uint8)
+    return images, np.array([sample.label for sample in samples], np.int64)
+
+
+def pathfinder_images(settings: PathfinderSettings, count: int, seed: int = 0, split: int = 0, bar=None) -> tuple[np.ndarray, np.ndarray]:
+    """The images and labels of ``pathfinder_samples(settings, count, seed, split, bar)``."""
+    return sample_arrays(settings, pathfinder_samples(settings, count, seed, split, bar))
 
 
 def load_pathfinder_gen(
