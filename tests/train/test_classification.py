@@ -14,6 +14,7 @@ from tokenmix.models.config import POOLS
 from tokenmix.models.model import pool_hidden
 from tokenmix.train.config import TrainConfig
 from tokenmix.train.loop import Trainer
+from tokenmix.train.metrics import binomial_tail
 from tokenmix.train.objectives import Classification, objective_for
 
 
@@ -103,6 +104,9 @@ def test_classification_trains_and_evaluates_val_and_test_with_the_majority_floo
     assert len(rows) == 2 and "majority_class" in out and "on the val and test splits" in out
     listops = load_data(data, 0)
     assert f"{listops.majority_accuracy('test'):.2%}" in rows[1] and rows[1].split("|")[-2].strip() == "30"
+    cells = dict(zip([c.strip() for c in out.splitlines()[1].split("|")], [c.strip() for c in rows[1].split("|")], strict=True))
+    correct = round(float(cells["accuracy"].rstrip("%")) / 100 * 30)
+    assert float(cells["p_above_majority"]) == pytest.approx(binomial_tail(correct, 30, listops.majority_accuracy("test")), rel=1e-3)
     config = tokenmix.open_run(tmp_path / "r" / "model").model.config
     assert (config.pool, config.num_classes, config.vocab_size) == ("last", 10, 15)
     with pytest.raises(SystemExit, match="2"):

@@ -1,6 +1,7 @@
-"""GLUE metrics against values worked out by hand in the comments."""
+"""GLUE metrics against values worked out by hand in the comments; the binomial tail against its exact rational sum."""
 
 import math
+from fractions import Fraction
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from tokenmix.train.metrics import (
     GLUE_METRICS,
     GLUE_TASKS,
     accuracy,
+    binomial_tail,
     f1,
     glue_metrics,
     matthews_correlation,
@@ -179,3 +181,26 @@ def test_glue_metrics_refuses_bad_arguments():
         glue_metrics("sst2", PRED, GOLD[:6])
     with pytest.raises(ValueError, match="predictions and labels must have the same shape"):
         glue_metrics("cola", PRED.reshape(7, 1), GOLD)
+
+
+def exact_tail(successes: int, trials: int, probability: float) -> Fraction:
+    """P(X >= successes) in rational arithmetic: the sum of the probabilities, term by term."""
+    p = Fraction(probability)
+    return sum((math.comb(trials, k) * p**k * (1 - p) ** (trials - k) for k in range(successes, trials + 1)), Fraction(0))
+
+
+@pytest.mark.parametrize("trials", [1, 7, 100, 300])
+@pytest.mark.parametrize("probability", [0.5, 0.3, 0.511, 0.9])
+def test_binomial_tail_is_the_exact_sum(trials, probability):
+    for successes in sorted({0, 1, trials // 3, trials // 2, trials - 1, trials}):
+        expected = float(exact_tail(successes, trials, probability))
+        assert binomial_tail(successes, trials, probability) == pytest.approx(expected, rel=1e-9, abs=1e-300)
+
+
+def test_binomial_tail_at_the_edges_and_bad_arguments():
+    assert binomial_tail(0, 10, 0.2) == 1.0 and binomial_tail(3, 10, 1.0) == 1.0 and binomial_tail(3, 10, 0.0) == 0.0
+    assert binomial_tail(2000, 2000, 0.5) == pytest.approx(0.5**2000, rel=1e-9)  # far below a float's range in the terms' product
+    assert binomial_tail(1060, 2000, 0.5) < 0.01 < binomial_tail(1040, 2000, 0.5)  # 2.7 and 1.8 standard deviations
+    for successes, trials, probability, name in [(5, 4, 0.5, "successes"), (-1, 4, 0.5, "successes"), (1, 4, 1.5, "probability")]:
+        with pytest.raises(ValueError, match=name):
+            binomial_tail(successes, trials, probability)

@@ -22,7 +22,6 @@ label 0, in grey levels, pixel for pixel.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import tempfile
 from pathlib import Path
@@ -33,6 +32,7 @@ from ..data.cache import CACHE_VARIABLE
 from ..data.pathfinder_gen import load_pathfinder_gen, pathfinder_samples, pathfinder_settings, sample_arrays
 from ..io.progress import progress_bar
 from ..io.table import format_table
+from ..train.metrics import binomial_tail
 from .data import timed
 
 PATHFINDER_KINDS = ("pathfinder_gen",)
@@ -49,9 +49,8 @@ def images_at(resolution: int, images: int) -> int:
 
 def binomial_p(ones: int, count: int) -> float:
     """Exact two-sided p-value of ``ones`` heads in ``count`` tosses of a fair coin: the probability of a count at
-    least as far from count / 2, 2 P(X <= min(ones, count - ones)) capped at 1 (the law is symmetric)."""
-    tail = sum(math.comb(count, k) for k in range(min(ones, count - ones) + 1))
-    return min(1.0, 2 * tail / 2**count)
+    least as far from count / 2, 2 P(X >= max(ones, count - ones)) capped at 1 (the law is symmetric)."""
+    return min(1.0, 2 * binomial_tail(max(ones, count - ones), count, 0.5))
 
 
 @contextlib.contextmanager

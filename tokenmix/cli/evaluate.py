@@ -102,8 +102,9 @@ def _shown(rows: list[dict], task: str) -> tuple[list[dict], list[str]]:
     scores = [name for name in SCORES if name in rows[0]]
     shown = [{**row, **({"accuracy": f"{row['accuracy']:.2%}"} if "accuracy" in row else {})} for row in shown]
     if task == "classify":  # whole examples: the length plays no part
-        floor = ["majority_class"] if "majority_accuracy" in rows[0] else []
-        shown = [{**row, **({"majority_class": f"{row['majority_accuracy']:.2%}"} if floor else {})} for row in shown]
+        floors = {"majority_class": ("majority_accuracy", "{:.2%}"), "p_above_majority": ("p_above_majority", "{:.3g}")}
+        floor = [column for column, (key, _) in floors.items() if key in rows[0]]
+        shown = [{**row, **{column: floors[column][1].format(row[floors[column][0]]) for column in floor}} for row in shown]
         return shown, ["split", "loss", *scores, *floor, "examples"]
     if scores:
         return shown, ["split", "length", "loss", *scores, "examples", "loss_vs_first"]

@@ -1,4 +1,5 @@
-"""GLUE evaluation metrics as pure functions on tensors (torch only, no sklearn or scipy).
+"""GLUE evaluation metrics as pure functions on tensors (torch only, no sklearn or scipy), and the exact
+binomial tail that tests a classifier's accuracy against its majority class.
 
 Every metric takes two tensors of the same shape (flattened before use) and returns a Python float.
 Classification metrics take predicted class ids, not logits; ``f1`` and ``matthews_correlation`` are
@@ -8,6 +9,7 @@ Degenerate cases are defined rather than NaN: see each docstring.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -17,6 +19,7 @@ __all__ = [
     "GLUE_TASKS",
     "METRICS",
     "accuracy",
+    "binomial_tail",
     "f1",
     "glue_metrics",
     "matthews_correlation",
@@ -64,6 +67,28 @@ def _scores(predictions, targets) -> tuple[torch.Tensor, torch.Tensor]:
         if not bool(torch.isfinite(values).all()):
             raise ValueError(f"{name} must be finite (no NaN or inf)")
     return x, y
+
+
+def binomial_tail(successes: int, trials: int, probability: float) -> float:
+    """P(X >= successes) for X ~ Binomial(trials, probability), exact up to float rounding: the sum over
+    k >= successes of C(trials, k) p^k (1 - p)^(trials - k), added in log space (no overflow at any count).
+    With ``probability`` the majority-class rate and ``successes`` the correct answers, it is the one-sided
+    p-value of an accuracy that high from a classifier no better than the majority class."""
+    if not 0 <= successes <= trials:
+        raise ValueError(f"binomial_tail needs 0 <= successes <= trials, got successes {successes} and trials {trials}")
+    if not 0.0 <= probability <= 1.0:
+        raise ValueError(f"binomial_tail probability must be in [0, 1], got {probability}")
+    if successes == 0 or probability == 1.0:
+        return 1.0
+    if probability == 0.0:
+        return 0.0
+    log_p, log_q = math.log(probability), math.log1p(-probability)
+    logs = [
+        math.lgamma(trials + 1) - math.lgamma(k + 1) - math.lgamma(trials - k + 1) + k * log_p + (trials - k) * log_q
+        for k in range(successes, trials + 1)
+    ]
+    peak = max(logs)
+    return min(1.0, math.exp(peak) * math.fsum(math.exp(value - peak) for value in logs))
 
 
 def accuracy(predictions, labels) -> float:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from ..data.batches import Part, document_lm_batch, document_mlm_batch, lm_batch, mlm_batch
 from ..data.sources import source_kind
 from .evaluate import EVAL_BATCH, evaluate_classification, evaluate_lm, evaluate_mlm, evaluate_recall, predict
-from .metrics import glue_metrics
+from .metrics import binomial_tail, glue_metrics
 
 
 def shard_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, group=None) -> torch.Tensor:
@@ -169,9 +169,12 @@ class Classification(Objective):
         return self.loss(logits, targets) / shard.size
 
     def evaluate(self, model, split, *, length, max_tokens=None, batch_size=EVAL_BATCH):
-        """Loss and accuracy over the split, with the majority-class accuracy beside them (the floor)."""
+        """Loss and accuracy over the split, with the majority-class accuracy beside them (the floor) and the
+        one-sided exact binomial p-value of an accuracy that high from a classifier at that floor."""
         metrics = evaluate_classification(model, self.sample(split, max_tokens), batch_size, self.multiple)
-        return {**metrics, "majority_accuracy": self.data.majority_accuracy(split)}
+        floor = self.data.majority_accuracy(split)
+        correct = round(metrics["accuracy"] * metrics["examples"])
+        return {**metrics, "majority_accuracy": floor, "p_above_majority": binomial_tail(correct, metrics["examples"], floor)}
 
     def sample(self, split: str, max_tokens: int | None):
         """The split, or with ``max_tokens`` (periodic validation) a fixed random sample of about that
