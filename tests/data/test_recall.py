@@ -8,6 +8,7 @@ import torch
 from tokenmix.cli import main
 from tokenmix.data import AssociativeRecall, load_data, recall_examples, step_generator
 from tokenmix.data.recall import NO_OP, QUERY
+from tokenmix.runs.metrics import TRAINING_COST
 from tokenmix.train import TrainConfig, Trainer
 
 
@@ -84,8 +85,9 @@ def test_training_on_recall_learns_and_reports_last_position_accuracy(tmp_path, 
     out = capsys.readouterr().out
     assert "2 runs on assoc-recall" in out and "train_min" in out and f"{final['peak_memory_gb']:.2f}" in out
     assert f"{final['estimated_peak_gb']:.2f}" in out and "est_peak_gb: the last training session's peak memory estimated" in out
+    assert f"| {final['step']} |" in out and f"{final['seconds_per_step']:.3f}" in out and "s_per_step: the last training session's" in out
     both = json.loads(report.read_text())
-    assert both[0]["training"] == {key: final[key] for key in ("session_minutes", "peak_memory_gb", "estimated_peak_gb")}
+    assert both[0]["training"] == {key: final[key] for key in TRAINING_COST}
     accuracies = [run["results"][0]["accuracy"] for run in both]
     assert len(accuracies) == 2 and accuracies[0] == accuracies[1]
 

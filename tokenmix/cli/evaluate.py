@@ -56,10 +56,12 @@ def run_objective(model, train_config: dict, tokenizer, length: int):
     return objective_for(data, model.config.task, train_config["seed"])
 
 
-TRAINING_COLUMNS = {  # a multi-run table's columns for each run's last training session: name, meaning
-    "session_minutes": ("train_min", "wall time from reading the data to the final validation"),
-    "peak_memory_gb": ("train_peak_gb", "peak memory"),
-    "estimated_peak_gb": ("est_peak_gb", "peak memory estimated before the first step"),
+TRAINING_COLUMNS = {  # a multi-run table's columns for each run's last training session: name, meaning, format
+    "step": ("steps", "final step (counted from the run's start)", "{:d}"),
+    "seconds_per_step": ("s_per_step", "mean step time in seconds", "{:.3f}"),
+    "session_minutes": ("train_min", "wall time from reading the data to the final validation", "{:.2f}"),
+    "peak_memory_gb": ("train_peak_gb", "peak memory", "{:.2f}"),
+    "estimated_peak_gb": ("est_peak_gb", "peak memory estimated before the first step", "{:.2f}"),
 }
 
 
@@ -140,7 +142,7 @@ def eval_report(results: list[dict]) -> str:
         for result in results:
             shown, columns = _shown(result["results"], result["task"])
             described = {"run": result["checkpoint"], "model": result["model"], "parameters": result["parameters"]}
-            cost = {TRAINING_COLUMNS[key][0]: f"{result['training'][key]:.2f}" for key in costs}
+            cost = {TRAINING_COLUMNS[key][0]: TRAINING_COLUMNS[key][2].format(result["training"][key]) for key in costs}
             table += [{**described, **{key: result[key] for key in varying}, **cost, **row} for row in shown]
         lines.append(format_table(table, ["run", "model", *varying, "parameters", *(TRAINING_COLUMNS[key][0] for key in costs), *columns]))
         lines += [f"{TRAINING_COLUMNS[key][0]}: the last training session's {TRAINING_COLUMNS[key][1]}" for key in costs]

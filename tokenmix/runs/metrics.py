@@ -34,12 +34,13 @@ def read_metrics(path: Path) -> list[dict]:
     return records
 
 
-TRAINING_COST = ("session_minutes", "peak_memory_gb", "estimated_peak_gb")
+TRAINING_COST = ("step", "seconds_per_step", "session_minutes", "peak_memory_gb", "estimated_peak_gb")
 
 
 def training_cost(run: Path) -> dict:
-    """``session_minutes``, ``peak_memory_gb`` and ``estimated_peak_gb`` of the last training session of ``run``
-    (its final record), or {} when it has none (a run still training, or trained before they were recorded)."""
+    """``step`` (the step it ended at), ``seconds_per_step``, ``session_minutes``, ``peak_memory_gb`` and
+    ``estimated_peak_gb`` of the last training session of ``run`` (its final record), or {} when it has none (a
+    run still training, or trained before they were recorded)."""
     finals = [record for record in read_metrics(run / METRICS_FILE) if record.get("final")]
     cost = {key: finals[-1][key] for key in TRAINING_COST if finals and key in finals[-1]}
     return {key: value for key, value in cost.items() if isinstance(value, (int, float)) and not isinstance(value, bool)}
