@@ -1,6 +1,7 @@
 """The associative-recall data source and its training / evaluation path."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ import torch
 from tokenmix.cli import main
 from tokenmix.data import AssociativeRecall, load_data, recall_examples, step_generator
 from tokenmix.data.recall import NO_OP, QUERY
-from tokenmix.runs.metrics import TRAINING_COST
+from tokenmix.runs.metrics import TRAINING_COST, training_cost
 from tokenmix.train import TrainConfig, Trainer
 
 
@@ -85,9 +86,14 @@ def test_training_on_recall_learns_and_reports_last_position_accuracy(tmp_path, 
     out = capsys.readouterr().out
     assert "2 runs on assoc-recall" in out and "train_min" in out and f"{final['peak_memory_gb']:.2f}" in out
     assert f"{final['estimated_peak_gb']:.2f}" in out and "est_peak_gb: the last training session's peak memory estimated" in out
-    assert f"| {final['step']} |" in out and f"{final['seconds_per_step']:.3f}" in out and "s_per_step: the last training session's" in out
+    cost = training_cost(tmp_path / "ar")  # the final record of metrics.jsonl
+    assert set(cost) == set(TRAINING_COST) and {key: cost[key] for key in ("session_minutes", "peak_memory_gb")} == {
+        key: final[key] for key in ("session_minutes", "peak_memory_gb")
+    }
+    assert re.search(rf"\|\s+{cost['step']} \|", out) and f"{cost['seconds_per_step']:.3f}" in out
+    assert "s_per_step: the last training session's" in out
     both = json.loads(report.read_text())
-    assert both[0]["training"] == {key: final[key] for key in TRAINING_COST}
+    assert both[0]["training"] == cost
     accuracies = [run["results"][0]["accuracy"] for run in both]
     assert len(accuracies) == 2 and accuracies[0] == accuracies[1]
 
