@@ -132,10 +132,27 @@ def test_generation_on_the_device_gives_the_tokens_it_gives_on_cpu(name):
     that of a boundary between two tokens."""
     net = model(name).double()
     prompts = [torch.randint(0, 20, (size,)) for size in (3, 11, 1)]
+    decodings = ["stream"] + (["static"] if net.static_decoding else [])  # static on CUDA: a CUDA graph's replays
     for options in ({"temperature": 0}, {"temperature": 1.0, "top_k": 12, "top_p": 0.95, "seed": 5}):
         expected = tokenmix.generate(net, prompts, 30, **options)
-        got = tokenmix.generate(on_device(net), [prompt.to(DEVICE) for prompt in prompts], 30, **options)
-        assert [t.tolist() for t in got] == [t.tolist() for t in expected], options
+        for decoding in decodings:
+            got = tokenmix.generate(on_device(net), [prompt.to(DEVICE) for prompt in prompts], 30, decoding=decoding, **options)
+            assert [t.tolist() for t in got] == [t.tolist() for t in expected], (options, decoding)
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("name", [name for name in LM_MODELS if model(name).static_decoding])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_cuda_graph_of_the_static_step_replays_the_eager_static_step(name, rows):
+    """Three rows run in a graph of four (the bucket); positions past chunk boundaries (chunks of 8)."""
+    net = on_device(model(name).double().eval())
+    tokens = torch.randint(0, 20, (rows, 40), device=DEVICE)
+    with torch.no_grad():
+        _, state = net(tokens[:, :5], state=net.init_state(rows, max_length=40), return_state=True)
+        graph, eager = (tokenmix.generation.StaticDecoder(net, state, 40, graph=graph) for graph in (True, False))
+        assert graph.state.batch_size == (1 if rows == 1 else 4)
+        for t in range(5, 40):
+            assert relative_error(graph.step(tokens[:, t]), eager.step(tokens[:, t])) < 1e-12, t
 
 
 @pytest.mark.parametrize("name", DISTILLABLE)

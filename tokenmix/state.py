@@ -166,6 +166,22 @@ class StreamState:
         further than it said gets inexact outputs. Nested states are told too; the others ignore it."""
         return dataclasses.replace(self, **{f.name: _limit_steps(getattr(self, f.name), steps) for f in dataclasses.fields(self)})
 
+    def tensors(self) -> list[torch.Tensor]:
+        """The state's tensors, nested states' included, in a fixed order (the buffers a CUDA graph reads)."""
+        return list(_tensors(self))
+
+    def copy_(self: S, other: S) -> S:
+        """Write ``other``'s tensors into this state's, in place (alike: the same class, and tensors of the same
+        shapes in the same places); its other fields stay. A static decoder keeps a stream in fixed buffers this way
+        (``Mixer.static_step``). Returns the state."""
+        mine, theirs = self.tensors(), other.tensors()
+        if type(other) is not type(self) or [t.shape for t in mine] != [t.shape for t in theirs]:
+            raise ValueError(f"copy_ needs a {type(self).__name__} with tensors of the same shapes, got a {type(other).__name__}")
+        for target, source in zip(mine, theirs, strict=True):
+            if target is not source:
+                target.copy_(source)
+        return self
+
     def nbytes(self) -> int:
         """Bytes held by the state's tensors."""
         return sum(tensor.numel() * tensor.element_size() for tensor in _tensors(self))

@@ -109,6 +109,8 @@ def test_sampled_text_is_the_same_streamed_or_batched(run, capsys):
     batched = capsys.readouterr().out
     assert main(["generate", str(run), *prompts, "--stream"]) == 0
     assert capsys.readouterr().out == batched and batched.count("\n---\n") == 1
+    assert main(["generate", str(run), *prompts, "--decoding", "static"]) == 0  # static buffers, eager on the CPU
+    assert capsys.readouterr().out == batched
 
 
 def test_compare_refuses_a_file_that_is_not_a_bench_output(run, tmp_path, capsys):

@@ -64,10 +64,20 @@ def submit(engine: Engine, prompt: list[int], sampling: Sampling) -> tuple[Job, 
 
 
 def model_calls(network) -> list[tuple[int, int]]:
-    """(batch, tokens) of every call the model gets (a forward hook)."""
+    """(batch, tokens) of every call the model gets (a forward hook, and its static steps)."""
     calls = []
     network.register_forward_hook(lambda module, args, output: calls.append(tuple(args[0].shape)))
+    static_step = network.static_step
+
+    def recorded(tokens, state):
+        calls.append(tuple(tokens.shape))
+        return static_step(tokens, state)
+
+    network.static_step = recorded
     return calls
+
+
+DECODINGS = [(name, "stream") for name in LM_MODELS] + [(name, "static") for name in LM_MODELS if model(name).static_decoding]
 
 
 def test_prompts_are_read_with_the_prefill_threads_and_steps_keep_their_own():
@@ -86,13 +96,15 @@ def test_prompts_are_read_with_the_prefill_threads_and_steps_keep_their_own():
     assert {count for tokens, count in threads if tokens > 1} == {2} and {count for tokens, count in threads if tokens == 1} == {1}
 
 
-@pytest.mark.parametrize("name", LM_MODELS)
-def test_every_served_sequence_equals_generate_alone_while_others_run(name):
+@pytest.mark.parametrize(("name", "decoding"), DECODINGS)
+def test_every_served_sequence_equals_generate_alone_while_others_run(name, decoding):
     """Prompts of different lengths arrive while others decode; each equals ``tokenmix.generate`` of its
-    prompt alone (with the server's context as max_length), greedy or sampled with its own seed.
+    prompt alone (with the server's context as max_length), greedy or sampled with its own seed; batches step
+    their streams, or from static buffers (run eagerly here: a CUDA graph on CUDA, ``tests/test_cuda.py``).
     Fails if rows are mispadded (a period too small), share a generator, or are stepped out of turn."""
     network = model(name).double().eval()
-    engine = Engine(network, TOKEN_BYTES, EngineConfig(context=CONTEXT, max_batch=64, max_state_memory=10**10, chunk=8, prefix_min=0))
+    config = EngineConfig(context=CONTEXT, max_batch=64, max_state_memory=10**10, chunk=8, prefix_min=0, decoding=decoding)
+    engine = Engine(network, TOKEN_BYTES, config)
     calls = model_calls(network)
     generator = torch.Generator().manual_seed(3)
     jobs = []

@@ -4,7 +4,9 @@
 a stream of a few tokens has paid the process's first-call costs); single-token steps from it are
 timed (median after warm-up; each step moves the position on by one) against recomputing one
 forward over the P + 1 tokens without a state, where P <= recompute_max; the steps at P alternate with
-steps from a second state at position 256 (``step_ratio``: is a step's cost flat in the position?).
+steps from a second state at position 256 (``step_ratio``: is a step's cost flat in the position?) and,
+for a model that decodes from static buffers, with the steps of a ``StaticDecoder`` made from the
+state at P (``static_step_ms``: a CUDA graph's replay on CUDA, the static step run eagerly elsewhere).
 Recurrent models (Transformer-XL, FNetAR-XL) stream with segments of ``GENERATE_SEGMENT`` tokens.
 
 ``measure_generate_mixer``: L inputs decoded one by one with ``mixer.step`` (a Toeplitz mixer's tiled
@@ -19,6 +21,7 @@ import time
 
 import torch
 
+from ..generation.graphs import StaticDecoder
 from ..ops.online_toeplitz import naive_online_step
 from .cases import Case
 from .records import GenerateMeasurement, MixerGenerateMeasurement, identity
@@ -46,6 +49,9 @@ def measure_generate(case: Case, repeats: int = 7) -> GenerateMeasurement:
         sync(device)
         prefill_ms = (time.perf_counter() - start) * 1e3
         state_bytes = state.nbytes()
+        static = model.static_decoding
+        if static:  # from a copy of the state at P, on to as many tokens as the stream steps
+            decoder = StaticDecoder(model, state, position + WARMUP + repeats, graph=device.type == "cuda")
         states = [state, model(tokens[:, :reference], state=empty(reference), return_state=True)[1]]
         next_tokens = [tokens[:, position:], tokens[:, reference : reference + 1]]
 
@@ -55,7 +61,8 @@ def measure_generate(case: Case, repeats: int = 7) -> GenerateMeasurement:
 
             return step
 
-        step_ms, reference_ms = alternating_medians([stepper(0), stepper(1)], device, repeats)
+        steppers = [stepper(0), stepper(1)] + ([lambda: decoder.step(next_tokens[0][:, 0])] if static else [])
+        step_ms, reference_ms, *static_ms = alternating_medians(steppers, device, repeats)
         recompute_ms = median_ms(lambda: model(tokens), device, repeats) if recompute else None
     return GenerateMeasurement(
         **identity(case, device),
@@ -66,6 +73,8 @@ def measure_generate(case: Case, repeats: int = 7) -> GenerateMeasurement:
         recompute_ratio=recompute_ms / step_ms if recompute else None,
         recompute_skipped=not recompute,
         step_ratio=step_ms / reference_ms,
+        static_step_ms=static_ms[0] if static else None,
+        static_speedup=step_ms / static_ms[0] if static else None,
     )
 
 

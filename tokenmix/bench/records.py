@@ -67,6 +67,11 @@ class GenerateMeasurement(Record):
     # the median step at P over the median step at position REFERENCE_POSITION (or P if shorter), the two
     # timed alternately in one process, so that a load that changes over minutes does not enter the ratio
     step_ratio: float | None = None
+    # models that decode from static buffers (``generation.graphs``): the median step of a StaticDecoder from the
+    # same state, timed alternately with step_ms (on CUDA a CUDA graph's replay, elsewhere the static step run
+    # eagerly), and step_ms / static_step_ms; None for the others
+    static_step_ms: float | None = None
+    static_speedup: float | None = None
 
 
 @dataclass(kw_only=True)

@@ -39,6 +39,8 @@ def table_columns(records: list[dict]) -> list[str]:
         columns += FLOOR_COLUMNS
     if any(record.get("step_ratio") is not None for record in records):  # generate records from before it lack it
         columns.insert(columns.index("step_ms") + 1, "step_ratio")
+    if any(record.get("static_step_ms") is not None for record in records):
+        columns[columns.index("step_ms") + 1 : columns.index("step_ms") + 1] = ["static_step_ms", "static_speedup"]
     if any(record.get("error") for record in records):
         columns.append("error")
     return columns
@@ -300,6 +302,10 @@ def _generate_reading(records: list[dict]) -> list[str]:
         if len(rows) > 1:
             line += f" ({last['step_ms'] / first['step_ms']:.2f}x for {last['length'] / first['length']:g}x the position)"
         lines.append(f"{line}; the state, {states}.")
+        speedups = ", ".join(f"{r['length']}: {r['static_speedup']:.3g}x" for r in rows if r.get("static_speedup") is not None)
+        if speedups:
+            how = "a CUDA graph" if first["device"] == "cuda" else "eager"
+            lines.append(f"{name}: the static step ({how}) against the stream step, by position: {speedups}.")
         ratios = ", ".join(f"{r['length']}: {r['recompute_ratio']:.3g}x" for r in rows if r["recompute_ratio"] is not None)
         skipped = ", ".join(str(r["length"]) for r in rows if r["recompute_skipped"])
         if ratios:
@@ -334,7 +340,9 @@ KIND_NOTES = {
         "`step_ms` is the median single-token step from it after warm-up (each step moves the position on by one);",
         "`recompute_ms` is the median forward over the P + 1 tokens without a state, the cost of a next token without a",
         "cache, skipped above --recompute-max; `recompute_ratio` = recompute_ms / step_ms. `step_ratio`: the step at P",
-        "over the step at position 256, the two timed alternately in one process. Rows 'NAME (ssm N)' (--distilled N):",
+        "over the step at position 256, the two timed alternately in one process; `static_step_ms`, with them, the step",
+        "of models that decode from static buffers (a CUDA graph's replay on CUDA, the static step run eagerly on the",
+        "CPU), and `static_speedup` = step_ms / static_step_ms. Rows 'NAME (ssm N)' (--distilled N):",
         "the model with its Toeplitz mixers replaced by N-mode state spaces. Recurrent (XL) models stream in segments",
         f"of {GENERATE_SEGMENT} tokens.",
     ],

@@ -3,7 +3,8 @@
 A block writes its computation once, as ``body(x, mask, run)``, calling ``run(part, h)`` wherever
 a streaming part (a mixer, or a GTU around one) mixes tokens. ``forward`` passes ``Forward``,
 which calls ``part(h, mask)``; ``step`` passes ``PartSteps``, which steps each part with its own
-state from the block's ``BlockState`` and collects the new ones, in the same order. So a block
+state from the block's ``BlockState`` and collects the new ones, in the same order; ``static_step``
+passes ``StaticPartSteps`` (each part's ``static_step``, its state updated in place). So a block
 never needs to know what kind of mixer it holds.
 """
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..mixers.base import common_front_padding_period, common_padding_sides
+from ..mixers.base import check_static_decoding, common_front_padding_period, common_padding_sides
 from ..state import StreamState, check_state
 from ..validation import check_int
 
@@ -48,6 +49,16 @@ class PartSteps:
 
     def state(self) -> BlockState:
         return BlockState(self.new)
+
+
+class StaticPartSteps:
+    """``run`` for a static step: each call steps the next part from the next state of ``state``, in place."""
+
+    def __init__(self, state: BlockState):
+        self.states = iter(state.parts)
+
+    def __call__(self, part, h: torch.Tensor) -> torch.Tensor:
+        return part.static_step(h, next(self.states))
 
 
 class StreamingBlock:
@@ -89,3 +100,18 @@ class StreamingBlock:
             )
         steps = PartSteps(state, mask)
         return self.body(x, mask, steps), steps.state()
+
+    @property
+    def static_decoding(self) -> bool:
+        """Every part decodes from static buffers (``Mixer.static_decoding``)."""
+        return all(part.static_decoding for part in self.stream_parts())
+
+    def static_state(self, state: BlockState, capacity: int) -> BlockState:
+        """Every part's state in static buffers (``Mixer.static_state``)."""
+        check_static_decoding(self)
+        parts = zip(self.stream_parts(), state.parts, strict=True)
+        return BlockState([part.static_state(part_state, capacity) for part, part_state in parts])
+
+    def static_step(self, x: torch.Tensor, state: BlockState) -> torch.Tensor:
+        """The body on the next token x (batch, 1, dim), every part's state updated in place (``Mixer.static_step``)."""
+        return self.body(x, None, StaticPartSteps(state))

@@ -63,6 +63,7 @@ class XlBlock(Configurable, nn.Module):
 
     options_type = XlOptions
     recurrent = True
+    static_decoding = False  # its memory moves at every segment boundary (``Mixer.static_decoding``)
     sequence_split = "segments"  # context parallelism: each shard gathers the context it reads (``step`` with ``run``)
 
     @classmethod

@@ -12,6 +12,7 @@ from ..data.tokenizer import Tokenizer
 from ..errors import user_input
 from ..fields import Integer, Number, Text
 from ..generation import StopRule, check_sampling, generate, naive_generate
+from ..generation.graphs import DECODINGS, use_static_decoding
 from ..runs import open_run
 from .common import DEMO_PROMPT, RUN, add_precision, add_threads_and_device, escaped, printable, use_threads
 
@@ -44,6 +45,13 @@ def add_parser(subparsers) -> None:
         "--check",
         action="store_true",
         help="with --temperature 0: also decode by re-running the whole sequence per token, compare, time both",
+    )
+    parser.add_argument(
+        "--decoding",
+        choices=DECODINGS,
+        default="auto",
+        help="after the prompt: stream (the model's step), static (static buffers, replayed as a CUDA graph on CUDA) "
+        "or auto (static on CUDA where the model has it, else stream) (default: auto)",
     )
     parser.add_argument(
         "--transformers",
@@ -90,8 +98,10 @@ def run_transformers_generate(args) -> int:
             from ..hf.sampling import transformers_generate
         except ImportError as error:
             raise ValueError(str(error)) from None
-        if args.stop or args.stream or args.check or args.precision != "fp32":
-            raise ValueError("--transformers generates with transformers' generate(): without --stop, --stream, --check or --precision")
+        if args.stop or args.stream or args.check or args.precision != "fp32" or args.decoding != "auto":
+            raise ValueError(
+                "--transformers generates with transformers' generate(): without --stop, --stream, --check, --precision or --decoding"
+            )
         check_export(args.checkpoint)
         tokenizer = Tokenizer.load(args.checkpoint)  # exact bytes of the ids transformers chose
         texts = args.prompt or [DEMO_PROMPT]
@@ -125,6 +135,7 @@ def run_generate(args) -> int:
         if args.check and args.temperature != 0:
             raise ValueError("--check compares greedy decoding: use it with --temperature 0")
         check_sampling(args.temperature, args.top_k or None, args.top_p, args.seed)
+        use_static_decoding(model, args.decoding, next(model.parameters()).device)  # refuses static where the model lacks it
         prompts = [tokenizer.encode(text).long() for text in texts]
         if any(prompt.numel() == 0 for prompt in prompts):
             raise ValueError("--prompt: a prompt encodes to no tokens")
@@ -136,6 +147,7 @@ def run_generate(args) -> int:
         "stop": stop,
         "seed": args.seed,
         "tokenizer": tokenizer,
+        "decoding": args.decoding,
     }
     if args.stream:
         for index, (text, prompt) in enumerate(zip(texts, prompts, strict=True)):

@@ -8,6 +8,10 @@ top-k / top-p). Rows that have all their tokens or hit their stop leave the batc
 only for its own new tokens, so what a row samples does not depend on the other prompts, the
 batch size, or streaming one prompt at a time. ``naive_generate`` re-runs the whole sequence for
 every token: the reference the tests hold ``generate`` to.
+
+After the prefill the tokens come from the model's stream ``step`` (rows that end leave the batch),
+or from static buffers (``decoding``; on CUDA replayed as a CUDA graph, ``generation.graphs``; rows that
+end stay in the batch, unread).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch
 from ..data.tokenizer import Tokenizer
 from ..io.progress import progress_bar
 from ..validation import check_int
+from .graphs import StaticDecoder, use_static_decoding
 from .sampling import check_sampling, choose_tokens, row_generator
 from .stops import Stop, StopRule
 
@@ -38,6 +43,34 @@ def _check_options(model, prompts, max_new_tokens, rows) -> tuple[list[torch.Ten
     return [prompt.long() for prompt in prompts], rows  # the tokenizer's uint8 ids included
 
 
+class _StreamSteps:
+    """The model's stream ``step``; rows that end leave the batch (``StreamState.select``)."""
+
+    def __init__(self, model, state):
+        self.model, self.state = model, state
+
+    def keep(self, slots: list[int]) -> None:
+        self.state = self.state.select(slots)
+
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        logits, self.state = self.model(tokens[:, None], state=self.state, return_state=True)
+        return logits[:, -1]
+
+
+class _StaticSteps:
+    """A ``StaticDecoder``; rows that end stay in its batch, their logits unread."""
+
+    def __init__(self, decoder: StaticDecoder):
+        self.decoder, self.live = decoder, torch.arange(decoder.rows, device=decoder.tokens.device)
+
+    def keep(self, slots: list[int]) -> None:
+        self.live = self.live[slots]
+
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        every = torch.zeros(self.decoder.rows, dtype=torch.long, device=tokens.device).index_copy_(0, self.live, tokens)
+        return self.decoder.step(every)[self.live]
+
+
 @torch.no_grad()
 def generate(
     model,
@@ -54,6 +87,7 @@ def generate(
     tokenizer: Tokenizer | None = None,
     progress: bool = False,
     max_length: int | None = None,
+    decoding: str = "auto",
 ) -> list[torch.Tensor]:
     """The new token ids of each prompt (1-D id tensors of any lengths), decoded with the model's state.
 
@@ -67,6 +101,9 @@ def generate(
     for (default: the longest prompt plus ``max_new_tokens``); mixers whose operator depends on the
     length (``fd_tno``'s horizon, an automatic TCN dilation) use it, so a server that makes every
     state for its context length gives what ``generate`` gives with that ``max_length``.
+    ``decoding``: "stream" (the model's ``step``), "static" (static buffers, ``generation.graphs``: on CUDA replayed
+    as a CUDA graph, on the CPU run eagerly) or "auto" (static on CUDA where the model decodes from static
+    buffers, else stream); the tokens are the same to rounding.
     """
     prompts, rows = _check_options(model, prompts, max_new_tokens, rows)
     check_sampling(temperature, top_k, top_p, seed)
@@ -81,14 +118,19 @@ def generate(
     lengths = [prompt.numel() for prompt in prompts]
     new: list[list[int]] = [[] for _ in prompts]
     shared = min(lengths)
+    static = use_static_decoding(model, decoding, device)
     state = model.init_state(len(prompts), max_length=max_length or longest, device=device)
     logits, state = model(torch.stack([prompt[:shared] for prompt in prompts]).to(device), state=state, return_state=True)
-    state = state.limit_steps(torch.tensor([length - shared + max_new_tokens - 1 for length in lengths]))  # a row's last token is not read
+    logits = logits[:, -1]
+    if static:
+        steps = _StaticSteps(StaticDecoder(model, state, max_length or longest, graph=device.type == "cuda"))
+    else:  # a row's last token is not read
+        steps = _StreamSteps(model, state.limit_steps(torch.tensor([length - shared + max_new_tokens - 1 for length in lengths])))
     active, position = list(range(len(prompts))), shared  # prompts still in the batch; tokens read so far
     bar = progress_bar(total=len(prompts) * max_new_tokens, unit="token", desc="generating", disable=not progress)
     while active and max_new_tokens:
         sampling = [slot for slot, index in enumerate(active) if position >= lengths[index]]  # rows past their prompt
-        picks = choose_tokens(logits[sampling, -1], temperature, top_k, top_p, [generators[active[slot]] for slot in sampling])
+        picks = choose_tokens(logits[sampling], temperature, top_k, top_p, [generators[active[slot]] for slot in sampling])
         chosen = dict(zip(sampling, picks.tolist(), strict=True))
         inputs, kept = [], []
         for slot, index in enumerate(active):
@@ -106,9 +148,9 @@ def generate(
             active = [active[slot] for slot in kept]
             if not active:
                 break
-            state = state.select(kept)
+            steps.keep(kept)
             inputs = [inputs[slot] for slot in kept]
-        logits, state = model(torch.tensor(inputs, device=device)[:, None], state=state, return_state=True)
+        logits = steps(torch.tensor(inputs, device=device))
         position += 1
     bar.close()
     model.train(was_training)

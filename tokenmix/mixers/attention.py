@@ -16,7 +16,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..fields import Choice, Integer, setting
-from ..ops.attention import AttentionCache, attention_block, cached_attention, chunked_attention, empty_cache, rotary
+from ..ops.attention import (
+    AttentionCache,
+    StaticAttentionCache,
+    attention_block,
+    cached_attention,
+    chunked_attention,
+    empty_cache,
+    rotary,
+    static_cache,
+    static_cached_attention,
+)
 from ..options import Options
 from ..validation import check_int
 from .base import PADDING_SIDES, Mixer, zero_padding
@@ -120,6 +130,16 @@ class AttentionCore:
 
     def step(self, qkv, cache: AttentionCache, mask: torch.Tensor | None) -> tuple[torch.Tensor, AttentionCache]:
         return cached_attention(*qkv, cache, self.chunk_size, mask, self.position.rotate, self.position.bias_function())
+
+    static_decoding = True
+
+    def static_state(self, cache: AttentionCache, capacity: int) -> StaticAttentionCache:
+        """The cache in a slot per position (full attention: ``capacity`` of them) or of the chunk (``Mixer.static_state``)."""
+        return static_cache(cache, capacity if self.chunk_size is None else min(self.chunk_size, capacity))
+
+    def static_step(self, qkv, cache: StaticAttentionCache) -> torch.Tensor:
+        """``static_cached_attention`` of the next token (``Mixer.static_step``)."""
+        return static_cached_attention(*qkv, cache, self.chunk_size, self.position.rotate, self.position.bias_function())
 
 
 def chunk_padding_sides(chunk_size: int | None) -> tuple[str, ...]:
@@ -250,6 +270,14 @@ class Attention(Mixer):
     def step_chunk(self, x: torch.Tensor, state: AttentionCache, mask) -> tuple[torch.Tensor, AttentionCache]:
         mixed, cache = self.core.step(self.heads_of(x), state, mask)
         return self.merged(mixed), cache
+
+    static_decoding = True
+
+    def static_state(self, state: AttentionCache, capacity: int) -> StaticAttentionCache:
+        return self.core.static_state(state, capacity)
+
+    def static_step(self, x: torch.Tensor, state: StaticAttentionCache) -> torch.Tensor:
+        return self.merged(self.core.static_step(tuple(self.heads_of(x)), state))
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, causal={self.causal}, heads={self.heads}, chunk_size={self.chunk_size}"

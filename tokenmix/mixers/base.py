@@ -247,6 +247,25 @@ class Mixer(Configurable, nn.Module):
         check_state(state, self.state_type, x.shape[0], self.state_dtype(x.dtype), f"this {self.dim}-channel {type(self).__name__}")
         return self.step_chunk(x, state, mask)
 
+    # -- decoding from static buffers (CUDA graphs) ------------------------------------------------
+    static_decoding = False
+    """Decodes from fixed buffers (``static_state``, ``static_step``): one token a call, the same kernels at every
+    position and nothing read back from the device, so a CUDA graph of the step replays at every position
+    (``tokenmix.generation.graphs``). Here for a ``bounded_state`` whose tensors keep their shapes from token to token."""
+
+    def static_state(self, state: StreamState, capacity: int) -> StreamState:
+        """A stream's ``state`` in buffers that carry it on to ``capacity`` tokens in all, for ``static_step``; here a
+        copy (a bounded state needs no more room)."""
+        check_static_decoding(self)
+        return state.to()
+
+    def static_step(self, x: torch.Tensor, state: StreamState) -> torch.Tensor:
+        """The output for the next token x (batch, 1, dim), ``state`` (``static_state``'s) updated in place. Here
+        ``step_chunk``, its new state copied into the old one's buffers (its other fields, a position, stay)."""
+        y, new = self.in_inner_precision(self._checked_step, x, state, None)
+        state.copy_(new)
+        return y
+
     def empty_state(
         self, batch_size: int, device: torch.device, dtype: torch.dtype, max_length: int | None
     ) -> StreamState:  # pragma: no cover
@@ -259,6 +278,15 @@ class Mixer(Configurable, nn.Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, causal={self.causal}"
+
+
+def check_static_decoding(part) -> None:
+    """ValueError unless ``part`` (a mixer, block or model) decodes from static buffers (``Mixer.static_decoding``)."""
+    if not part.static_decoding:
+        raise ValueError(
+            f"{type(part).__name__} does not decode from static buffers (static_decoding=False): decode it with step(), "
+            "or generate with graphs='off'"
+        )
 
 
 class ChannelSliced:

@@ -49,6 +49,7 @@ class Ema(ToeplitzOperator, ChannelSliced, Mixer):
     no_weight_decay = ("delta", "alpha", "beta", "gamma")
     padding_invariant_sides = PADDING_SIDES  # the kernel depends on the lag only
     bounded_state = True  # N values per channel
+    static_decoding = True
 
     def __init__(self, dim: int, causal: bool = False, options: EmaOptions | None = None):
         super().__init__(dim, causal, options)

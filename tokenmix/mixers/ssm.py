@@ -54,6 +54,7 @@ class Ssm(ToeplitzOperator, ChannelSliced, Mixer):
     inner_precision = "float32"  # powers of complex poles and their FFT product
     channelwise_linear = True
     bounded_state = True
+    static_decoding = True
     padding_invariant_sides = PADDING_SIDES  # the kernel depends on the lag only
     no_weight_decay = ("pole_logit", "pole_angle", "residue", "taps")
 

@@ -15,7 +15,7 @@ smallest f whose window reaches R. Cost O(n d D B K), linear in the length.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -82,6 +82,7 @@ class Tcn(ChannelSliced, Mixer):
     options_type = TcnOptions
     no_weight_decay = ("taps", "bias")
     bounded_state = True  # the receptive field's last inputs per layer
+    static_decoding = True
     inner_precision = "input"  # the depthwise convolution takes one dtype for input and taps
 
     def __init__(self, dim: int, causal: bool = False, options: TcnOptions | None = None):
@@ -149,6 +150,13 @@ class Tcn(ChannelSliced, Mixer):
         spans = [(self.kernel_size - 1) * factor ** (conv // self.convs_per_block) for conv in range(self.depth * self.convs_per_block)]
         histories = [torch.zeros(batch_size, span, self.dim, device=device, dtype=dtype) for span in spans]
         return TcnState(histories, factor, 0, max_length if self.dilation_factor == "auto" else None)
+
+    def static_state(self, state: TcnState, capacity: int) -> TcnState:
+        """The histories copied, the position not counted (rows at any positions then share a batch); a capacity past
+        the length an automatic dilation was chosen for is refused (``Mixer.static_state``)."""
+        if state.limit is not None and capacity > state.limit:
+            raise ValueError(f"this stream's dilation was chosen for max_length={state.limit}: capacity must stay within, got {capacity}")
+        return replace(super().static_state(state, capacity), position=0)
 
     def step_chunk(self, x: torch.Tensor, state: TcnState, mask) -> tuple[torch.Tensor, TcnState]:
         """Each convolution on its history and the chunk: O(depth B K k d), whatever the position."""

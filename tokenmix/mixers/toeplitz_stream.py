@@ -7,6 +7,10 @@ weights change. A chunk at the start of the stream (a prompt) or of at least ``P
 tokens runs the parallel FFT product instead and rebuilds the state from the inputs, exactly as
 if they had been stepped one by one.
 
+Decoding from static buffers (``static_state``, ``static_step``: a CUDA graph replays the step at every
+position) takes the direct product instead, y_t = sum_{s <= t} t_{t-s} x_s over a history buffer of the
+stream's whole capacity C (zeros past t): O(C d) per token, the same kernels at every position.
+
 A mixer whose taps depend on the sequence length (``fd_tno``: the RPE is evaluated on the FFT
 grid of the length) streams the operator of a horizon: ``max_length`` when given, else
 ``DEFAULT_HORIZON``; a stream that passes its horizon doubles it and rebuilds its state from the
@@ -38,12 +42,23 @@ class ToeplitzStreamState(StreamState):
     horizon: int
 
 
+@dataclass
+class StaticToeplitzState(StreamState):
+    """A stream in fixed buffers: every input so far in ``inputs`` (batch, capacity, dim), zeros past each row's
+    ``position`` (batch,), and the horizon whose operator it applies."""
+
+    inputs: torch.Tensor
+    position: torch.Tensor
+    horizon: int
+
+
 class ToeplitzStreaming:
     """Mixin of causal mixers given by taps ``stream_taps(lags, horizon)`` (lags 0 ... lags - 1, (lags, dim))."""
 
     state_type = ToeplitzStreamState
     channelwise_linear = True
     toeplitz_streaming = True
+    static_decoding = True
     taps_depend_on_length = False  # True: the taps change with the horizon (see the module docstring)
     front_padding_period = 1  # the streamed operator is a Toeplitz one (lags only) while the stream stays within its horizon
 
@@ -99,3 +114,29 @@ class ToeplitzStreaming:
             kernels = self._tile_kernels(required_lags(end - 1), horizon, x.device, work.dtype)
             y = torch.stack([online_step(online, work[:, i], kernels) for i in range(count)], dim=1)
         return y.to(x.dtype), ToeplitzStreamState(online, horizon)
+
+    def static_state(self, state: ToeplitzStreamState, capacity: int) -> StaticToeplitzState:
+        """The stream's inputs so far in a (batch, ``capacity``, dim) buffer (``Mixer.static_state``)."""
+        online, horizon = state.online, state.horizon
+        if capacity < online.position:
+            raise ValueError(f"capacity must hold the {online.position} tokens the stream has read, got {capacity}")
+        if self.taps_depend_on_length and capacity > horizon:
+            raise ValueError(f"capacity must stay within the stream's horizon ({horizon}: its taps are that length's), got {capacity}")
+        inputs = online.inputs.new_zeros(online.inputs.shape[0], capacity, self.dim)
+        inputs[:, : online.position] = online.inputs[:, : online.position]
+        position = torch.full((inputs.shape[0],), online.position, dtype=torch.long, device=inputs.device)
+        return StaticToeplitzState(inputs, position, horizon)
+
+    def static_step(self, x: torch.Tensor, state: StaticToeplitzState) -> torch.Tensor:
+        """y_t = sum_s t_{t-s} x_s over the whole buffer, x written at each row's position t first (``Mixer.static_step``)."""
+        return self.in_inner_precision(self._direct_step, x, state)
+
+    def _direct_step(self, x: torch.Tensor, state: StaticToeplitzState) -> torch.Tensor:
+        inputs, position = state.inputs, state.position
+        capacity = inputs.shape[1]
+        taps = self._tile_kernels(capacity, state.horizon, x.device, inputs.dtype).taps
+        inputs[torch.arange(inputs.shape[0], device=x.device), position] = x[:, 0].to(inputs.dtype)
+        lags = (position[:, None] - torch.arange(capacity, device=x.device)).clamp_(min=0)  # inputs past t are zeros
+        y = (inputs * taps[lags]).sum(1)
+        position += 1
+        return y[:, None].to(x.dtype)

@@ -28,7 +28,7 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from ..mixers.base import check_mask, common_front_padding_period, common_padding_sides
+from ..mixers.base import check_mask, check_static_decoding, common_front_padding_period, common_padding_sides
 from ..precision import autocast, check_precision
 from ..state import StreamState, check_state
 from ..validation import check_int
@@ -205,6 +205,34 @@ class SequenceModel(nn.Module):
             x, block_state = self._run_block(block.step, x, block_state, local(mask), *parts)
             blocks.append(block_state)
         return self.final_norm(x), ModelState(blocks, state.position + tokens.shape[1], state.model)
+
+    @property
+    def static_decoding(self) -> bool:
+        """A language model whose every block decodes from static buffers (``Mixer.static_decoding``): generation
+        can replay its one-token step as a CUDA graph (``tokenmix.generation.graphs``)."""
+        return self.config.task == "lm" and all(block.static_decoding for block in self.blocks)
+
+    def static_state(self, state: ModelState, capacity: int) -> ModelState:
+        """A stream's ``state`` (after its prompt) in buffers that carry it on to ``capacity`` tokens in all, for
+        ``static_step``. Its buffers count the positions, on the device; its ``position`` is 0 (so streams at any
+        positions can share a batch of static buffers)."""
+        check_static_decoding(self)
+        check_state(state, ModelState, None, None, f"model {self.config.name!r}")
+        if state.model != self.signature:
+            raise ValueError(f"state was made by another model; expected one from this {self.config.name!r} model's init_state")
+        check_int(capacity, "capacity", minimum=max(1, state.position))
+        blocks = [block.static_state(part, capacity) for block, part in zip(self.blocks, state.blocks, strict=True)]
+        return ModelState(blocks, 0, state.model)
+
+    def static_step(self, tokens: torch.Tensor, state: ModelState) -> torch.Tensor:
+        """Logits (batch, vocab) of each row's next token after ``tokens`` (batch, 1), ``state`` (``static_state``'s)
+        updated in place: the same kernels at every position and nothing read back from the device (the ids are not
+        checked against the vocabulary here), so a CUDA graph replays it. A row must not pass the capacity."""
+        with autocast(self.precision, tokens.device):
+            x = self.embed(tokens)
+            for block, block_state in zip(self.blocks, state.blocks, strict=True):
+                x = block.static_step(x, block_state)
+            return self._full_precision(self.token_logits(self.final_norm(x)))[:, -1]
 
     def _run_block(self, forward, *inputs):
         """A block's ``forward`` (its ``__call__`` or ``step``, where FSDP gathers its weights) on ``inputs``;

@@ -34,8 +34,9 @@ RelativeBias = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # positions
 MAX_SCORES = 1 << 24  # biased scores materialised at once: 64 MB in float32
 
 
-def rotary(x: torch.Tensor, offset: int = 0) -> torch.Tensor:
-    """Rotary position embedding (Su et al. 2021) of positions offset .. offset + n - 1 on x (..., n, e), e even.
+def rotary(x: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
+    """Rotary position embedding (Su et al. 2021) of positions offset .. offset + n - 1 on x (..., n, e), e even;
+    ``offset`` an int, or a (batch,) tensor of each row's for x (batch, heads, n, e).
 
     Pairs (x_2i, x_2i+1) turn by angle t * 10000^(-2i/e), so q_s . k_t depends on s - t only, to the
     rounding of the angles: computed in float64, used in float32, or float64 for float64 x (a sequence split into shards at other
@@ -45,7 +46,8 @@ def rotary(x: torch.Tensor, offset: int = 0) -> torch.Tensor:
     if e % 2:
         raise ValueError(f"rotary positions need an even head width, got {e}")
     frequencies = torch.exp(torch.arange(0, e, 2, device=x.device, dtype=torch.float64) * (-math.log(10000.0) / e))
-    positions = torch.arange(offset, offset + n, device=x.device, dtype=torch.float64)
+    positions = torch.arange(n, device=x.device, dtype=torch.float64)
+    positions = positions + (offset.to(x.device, torch.float64)[:, None, None] if isinstance(offset, torch.Tensor) else offset)
     angles = positions[:, None] * frequencies
     angles = angles if x.dtype == torch.float64 else angles.float()
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
@@ -273,6 +275,61 @@ def cached_attention(
         cache = AttentionCache(keys, values, key_real, start + size)
         done += size
     return torch.cat(outputs, dim=2), cache
+
+
+@dataclass
+class StaticAttentionCache(StreamState):
+    """An ``AttentionCache`` in fixed slots: keys (rotated) and values (batch, heads, slots, width), which slots hold
+    real tokens (batch, slots), each row's stream position (batch,). Full attention keeps a slot per position up to
+    the stream's capacity; chunked attention a slot per position of the current chunk (slot = position mod chunk)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    real: torch.Tensor
+    position: torch.Tensor
+
+
+def static_cache(cache: AttentionCache, slots: int) -> StaticAttentionCache:
+    """``cache`` in ``slots`` fixed slots (its keys in the first ones: a chunked cache holds its chunk's, in order)."""
+    batch, heads, cached, _ = cache.keys.shape
+    if cached > slots:
+        raise ValueError(f"capacity must hold the {cached} keys the stream keeps, got {slots}")
+
+    def widened(tensor: torch.Tensor, axis: int) -> torch.Tensor:
+        return torch.nn.functional.pad(tensor, (0, 0) * (tensor.dim() - 1 - axis) + (0, slots - cached))
+
+    position = torch.full((batch,), cache.position, dtype=torch.long, device=cache.keys.device)
+    return StaticAttentionCache(widened(cache.keys, 2), widened(cache.values, 2), widened(cache.real, 1), position)
+
+
+def static_cached_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: StaticAttentionCache,
+    chunk_size: int | None,
+    rotate: Rotation | None = None,
+    bias: RelativeBias | None = None,
+) -> torch.Tensor:
+    """``cached_attention`` of one token per row (q, k: (batch, heads, 1, e), v: (batch, heads, 1, h)) at each row's
+    position, its key written into its slot in place: the same kernels at every position (a CUDA graph replays it).
+    A chunk's first token forgets the keys of the chunk before."""
+    rows, position = torch.arange(q.shape[0], device=q.device), cache.position
+    slot = position if chunk_size is None else position % chunk_size
+    if rotate is not None:
+        q, k = rotate(q, k, position)
+    if chunk_size is not None:
+        cache.real.masked_fill_(slot[:, None] == 0, False)
+    cache.keys[rows, :, slot] = k[:, :, 0].to(cache.keys.dtype)
+    cache.values[rows, :, slot] = v[:, :, 0].to(cache.values.dtype)
+    cache.real[rows, slot] = True
+    allowed = cache.real[:, None, None]  # (batch, 1, 1, slots): the slots past a row's own are not real yet
+    attn_mask = allowed
+    if bias is not None:  # offsets slot - j: key j of the chunk (or stream) lies slot - j positions back
+        slots = torch.arange(cache.keys.shape[2], device=q.device)
+        attn_mask = bias(slot, slots)[:, None, None].to(q.dtype).masked_fill(~allowed, float("-inf"))
+    position += 1
+    return F.scaled_dot_product_attention(q, cache.keys.to(q.dtype), cache.values.to(q.dtype), attn_mask=attn_mask)
 
 
 # -- the forms of ``ops/forms.py``: x (batch, n, 3 h e) holds q, k, v of h heads; params heads, chunk_size ----

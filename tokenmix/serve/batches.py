@@ -50,6 +50,7 @@ class Cohort:
     logits: torch.Tensor | None = None  # (rows, vocab): each row's next-token logits
     joining: int = 0  # requests whose prefills are planned to land here
     holes: dict = field(default_factory=dict)  # slot -> bytes it keeps reserved
+    graph: object = None  # static decoding on CUDA: the model runner's CUDA graph of its step (``StepGraph``)
 
     def alive(self) -> list[int]:
         return [index for index, row in enumerate(self.rows) if row is not None]

@@ -8,6 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..fields import Integer
+from ..generation.graphs import check_decoding
 from ..precision import PRECISIONS
 
 
@@ -19,7 +20,8 @@ class EngineConfig:
     the states and the prefix cache may hold; ``chunk``: prompt tokens a prefill reads per iteration;
     ``prefix_min``: prompts at least this long are cached for reuse (0: no cache); ``prefix_entries``:
     prompts cached at most; ``prefill_threads``: torch's threads while a prefill reads its chunk (None:
-    those of the steps)."""
+    those of the steps); ``decoding``: how batches step (``tokenmix.generate``'s: "static" buffers, replayed as
+    a CUDA graph per batch on CUDA, "stream", or "auto")."""
 
     context: int
     max_batch: int
@@ -28,6 +30,7 @@ class EngineConfig:
     prefix_min: int = 64
     prefix_entries: int = 16
     prefill_threads: int | None = None
+    decoding: str = "auto"
 
     def __post_init__(self):
         for name, kind in (("context", Integer(1)), ("max_batch", Integer(1)), ("max_state_memory", Integer(1)), ("chunk", Integer(1))):
@@ -35,6 +38,7 @@ class EngineConfig:
         Integer(0).check(self.prefix_min, "prefix_min")
         Integer(1).check(self.prefix_entries, "prefix_entries")
         Integer(1, optional=True).check(self.prefill_threads, "prefill_threads")
+        check_decoding(self.decoding)
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,9 @@ class Engine:
 
     def __init__(self, model, token_bytes: list[bytes], config: EngineConfig):
         self.metrics = ServeMetrics()
-        sizes = StateSizes(model.eval(), config.context, next(model.parameters()).device)
-        self.scheduler = Scheduler(config, sizes, model.front_padding_period, token_bytes, self.metrics)
         self.runner = ModelRunner(model, Sampler(token_bytes), config)
+        sizes = StateSizes(model.eval(), config.context, next(model.parameters()).device, self.runner.static)
+        self.scheduler = Scheduler(config, sizes, model.front_padding_period, token_bytes, self.metrics)
         self.outputs = OutputProcessor(self.metrics)
         self.stopped = False
 

@@ -13,9 +13,10 @@ from .joining import PAD_FLOOR
 class StateSizes:
     """Bytes one row's state holds at a position, measured once on the model itself: a row streamed
     to each power of two up to ``context`` (each bound holds every position below it, capacity and
-    cache growth included)."""
+    cache growth included); with ``static`` decoding, at least the static buffers a row holds from the
+    moment it joins its batch (those of the whole context, ``SequenceModel.static_state``)."""
 
-    def __init__(self, model, context: int, device):
+    def __init__(self, model, context: int, device, static: bool = False):
         self.context = context
         self.bounds: list[tuple[int, int]] = []
         length = 1
@@ -24,7 +25,10 @@ class StateSizes:
                 length = min(length, context)
                 state = model.init_state(1, max_length=context, device=device)
                 _, state = model(torch.zeros(1, length, dtype=torch.long, device=device), state=state, return_state=True)
-                self.bounds.append((length, state.nbytes()))
+                nbytes = state.nbytes()
+                if static:
+                    nbytes = max(nbytes, model.static_state(state, context).nbytes())
+                self.bounds.append((length, nbytes))
                 if length == context:
                     break
                 length *= 2

@@ -1,5 +1,10 @@
 """The model runner: executes a ``StepPlan`` on the model, the only part of the engine that touches its
-tensors (the cohorts' and prefills' states and logits)."""
+tensors (the cohorts' and prefills' states and logits).
+
+With static decoding (``EngineConfig.decoding``, ``tokenmix.generation.graphs``) a cohort's state is held in
+static buffers from the moment its rows join it (prefills read as streams): on CUDA each cohort's step is a
+CUDA graph captured on its buffers, again only when they change (rows dropped or appended; a join into holes
+writes in place)."""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..generation.graphs import StepGraph, use_static_decoding
 from ..runtime import threads_within
 from .config import EngineConfig
 from .sampler import Sampler
@@ -22,6 +28,7 @@ class ModelRunner:
         self.model, self.sampler = model.eval(), sampler
         self.context, self.prefill_threads = config.context, config.prefill_threads
         self.device = next(model.parameters()).device
+        self.static = use_static_decoding(model, config.decoding, self.device)
 
     def execute(self, plan: StepPlan, lap: Callable[[str], None] = lambda phase: None) -> ModelOutput:
         """The plan's joins, decoding steps and chunks, in that order (``lap`` marks the end of each phase)."""
@@ -44,6 +51,8 @@ class ModelRunner:
         for prefill, rows in step.parts:
             parts.append((prefill.state, prefill.logits) if rows is None else (prefill.state.select(rows), prefill.logits[rows]))
         state = parts[0][0] if len(parts) == 1 else type(parts[0][0]).concat([part for part, _ in parts])
+        if self.static:
+            state = self.model.static_state(state, self.context)
         logits = torch.cat([part for _, part in parts])
         cohort = step.cohort
         if step.reset:
@@ -71,11 +80,23 @@ class ModelRunner:
             inputs = [inputs[index] for index in step.keep]
             cohort.state = cohort.state.select(step.keep) if step.keep else None
             cohort.logits = cohort.logits[step.keep] if step.keep else None
-        if inputs:
+        if inputs and self.static:
+            cohort.logits = self.static_step(cohort, torch.tensor(inputs, device=self.device))
+        elif inputs:
             state = cohort.state.limit_steps(torch.tensor(step.steps))
             logits, cohort.state = self.model(torch.tensor(inputs, device=self.device)[:, None], state=state, return_state=True)
             cohort.logits = logits[:, -1]
         return [SampledToken(cohort, *sampled) for sampled in zip(step.rows, picks, logprobs, strict=True)]
+
+    def static_step(self, cohort, tokens: torch.Tensor) -> torch.Tensor:
+        """The cohort's next logits from its static buffers: on CUDA a replay of its graph, captured again where its
+        buffers changed; elsewhere the static step run eagerly."""
+        if self.device.type != "cuda":
+            return self.model.static_step(tokens[:, None], cohort.state)
+        if cohort.graph is None or not cohort.graph.captured_on(cohort.state):
+            cohort.graph = None  # the old graph's memory goes back first
+            cohort.graph = StepGraph(self.model, cohort.state)
+        return cohort.graph.step(tokens).clone()  # the graph's output buffer is the next replay's
 
     def read(self, step: ChunkStep) -> None:
         """The prefill's next chunk: its first makes the state (past the padding every row has), a new

@@ -1,0 +1,125 @@
+"""Decoding from static buffers (``static_state``, ``static_step``; ``tokenmix.generation.graphs``), over the registries.
+
+Every causal mixer and language model that declares ``static_decoding`` is held to its parallel forward (mixers) or
+to its stream ``step`` (models), from a prefill of half the stream, one static step per token after it; the others
+refuse. On the CPU the static step runs eagerly: the same code a CUDA graph captures (``tests/test_cuda.py`` replays
+it as one on a GPU).
+"""
+
+import pytest
+import torch
+from conftest import LENGTHS, relative_error
+from test_contracts import CAUSAL, LM_MODELS, mixer, model
+
+from tokenmix.generation import StaticDecoder, generate
+from tokenmix.generation.graphs import batch_bucket, use_static_decoding
+
+STATIC_MIXERS = [name for name in CAUSAL if mixer(name, True).static_decoding]
+
+
+def test_the_mixers_and_models_that_decode_from_static_buffers_are_those_without_moving_memory():
+    """Everything streams from fixed buffers but FNetAR's DFT rows (chosen by the position on the host) and the
+    Transformer-XL memory (moved at segment boundaries), so every model but the XL ones."""
+    assert sorted(set(CAUSAL) - set(STATIC_MIXERS)) == ["fnet_ar", "relative_attention"]
+    assert [name for name in LM_MODELS if not model(name).static_decoding] == ["fnet_ar_xl", "transformer_xl"]
+    assert all(model(name).static_decoding != model(name).recurrent for name in LM_MODELS)
+
+
+def static_stream(module, x: torch.Tensor, prefill: int, capacity: int) -> torch.Tensor:
+    """x's outputs: the first ``prefill`` by ``step``, the rest one ``static_step`` per token from its static state."""
+    state = module.init_state(x.shape[0], max_length=capacity)
+    y, state = module.step(x[:, :prefill], state)
+    static = module.static_state(state, capacity)
+    return torch.cat([y, *(module.static_step(x[:, t : t + 1], static) for t in range(prefill, x.shape[1]))], dim=1)
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("name", STATIC_MIXERS)
+def test_static_steps_after_a_prefill_equal_the_forward(name, length):
+    module = mixer(name, True).double().eval()
+    x = torch.randn(2, length, module.dim, dtype=torch.float64)
+    capacity = length + 3  # room to spare: the buffers past the stream stay unread
+    with torch.no_grad():  # a causal forward over the capacity: fd_tno's operator is that of its horizon, the capacity
+        expected = module(torch.nn.functional.pad(x, (0, 0, 0, capacity - length)))[:, :length]
+        got = static_stream(module, x, max(1, length // 2), capacity)
+    assert relative_error(got, expected) < 1e-10
+
+
+@pytest.mark.parametrize("name", STATIC_MIXERS)
+def test_a_static_step_keeps_its_buffers_and_rows_at_their_own_positions(name):
+    """The state's tensors are written in place (a graph reads the same memory at every step), and a batch whose rows
+    stand at different positions steps each as it would alone."""
+    module = mixer(name, True).double().eval()
+    x = torch.randn(2, 12, module.dim, dtype=torch.float64)
+    with torch.no_grad():
+        rows = [module.static_state(module.step(x[r : r + 1, : 3 + 4 * r], module.init_state(1, max_length=16))[1], 16) for r in (0, 1)]
+        both = type(rows[0]).concat(rows)
+        pointers = [tensor.data_ptr() for tensor in both.tensors()]
+        outputs = module.static_step(torch.stack([x[0, 3], x[1, 7]])[:, None], both)
+        alone = [module.static_step(x[r : r + 1, 3 + 4 * r][:, None], rows[r]) for r in (0, 1)]
+    assert [tensor.data_ptr() for tensor in both.tensors()] == pointers
+    assert relative_error(outputs, torch.cat(alone)) < 1e-12
+
+
+@pytest.mark.parametrize("name", sorted(set(CAUSAL) - set(STATIC_MIXERS)))
+def test_a_mixer_without_static_buffers_refuses_them(name):
+    module = mixer(name, True)
+    with pytest.raises(ValueError, match="does not decode from static buffers"):
+        module.static_state(module.init_state(1, max_length=8), 8)
+
+
+@pytest.mark.parametrize("name", LM_MODELS)
+def test_a_model_decoded_from_static_buffers_gives_the_logits_of_its_stream(name):
+    """Past chunk boundaries (chunks of 8) and a prefill that ends inside one; float64."""
+    network = model(name).double().eval()
+    tokens = torch.randint(0, network.config.vocab_size, (3, 30))
+    with torch.no_grad():
+        _, state = network(tokens[:, :5], state=network.init_state(3, max_length=30), return_state=True)
+        if not network.static_decoding:
+            with pytest.raises(ValueError, match="does not decode from static buffers"):
+                network.static_state(state, 30)
+            return
+        static = network.static_state(state, 30)
+        for t in range(5, 30):
+            logits, state = network(tokens[:, t : t + 1], state=state, return_state=True)
+            assert relative_error(network.static_step(tokens[:, t : t + 1], static), logits[:, -1]) < 1e-10
+
+
+@pytest.mark.parametrize("name", [name for name in LM_MODELS if model(name).static_decoding])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_generate_from_static_buffers_gives_the_tokens_of_the_stream(name, temperature):
+    """Prompts of different lengths (rows read their prompts, then end, at different steps) and a stop token (the first
+    the second row makes: it ends that row at once)."""
+    network = model(name).double().eval()
+    prompts = [torch.randint(0, 20, (length,)) for length in (2, 9, 5)]
+    options = {"temperature": temperature, "seed": 3}
+    options["stop"] = [int(generate(network, prompts, 1, **options)[1][0])]
+    stream = generate(network, prompts, 24, decoding="stream", **options)
+    static = generate(network, prompts, 24, decoding="static", **options)
+    assert [ids.tolist() for ids in static] == [ids.tolist() for ids in stream]
+    assert len(stream[1]) == 1
+
+
+def test_static_decoding_is_chosen_and_refused_with_the_reason():
+    tnn, xl = model("tnn"), model("transformer_xl")
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert not use_static_decoding(tnn, "auto", cpu) and use_static_decoding(tnn, "auto", cuda)
+    assert use_static_decoding(tnn, "static", cpu) and not use_static_decoding(tnn, "stream", cuda)
+    assert not use_static_decoding(xl, "auto", cuda)
+    with pytest.raises(ValueError, match="does not decode from static buffers.*use decoding='stream'"):
+        generate(xl, [torch.tensor([1, 2])], 3, decoding="static")
+    with pytest.raises(ValueError, match=r"decoding must be one of \['auto', 'static', 'stream'\], got 'graphs'"):
+        generate(tnn, [torch.tensor([1, 2])], 3, decoding="graphs")
+
+
+def test_a_static_decoder_pads_a_graph_batch_to_its_bucket_and_needs_cuda_for_graphs():
+    assert [batch_bucket(rows) for rows in (1, 2, 3, 4, 5, 8, 9, 100)] == [1, 2, 4, 4, 8, 8, 16, 128]
+    network = model("tnn").eval()
+    with torch.no_grad():
+        _, state = network(torch.tensor([[1, 2, 3]] * 3), state=network.init_state(3, max_length=8), return_state=True)
+        with pytest.raises(ValueError, match="CUDA graphs need a model on a CUDA device, got cpu"):
+            StaticDecoder(network, state, 8, graph=True)
+        decoder = StaticDecoder(network, state, 8, graph=False)
+        assert decoder.tokens.shape == (3,) and decoder.step(torch.tensor([4, 5, 6])).shape == (3, network.config.vocab_size)
+        with pytest.raises(ValueError, match="capacity must be an integer >= 3, got 2"):
+            network.static_state(state, 2)
