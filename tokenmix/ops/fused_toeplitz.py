@@ -159,8 +159,8 @@ def _launch(a, basis, readout, *, conjugate=False, product=None, x=None) -> torc
     block_f = min(_BLOCK_FREQUENCIES, triton.next_power_of_2(frequencies))
     grid = (triton.cdiv(channels, block_c), triton.cdiv(frequencies, block_f))
     kernel[grid](
-        a_view, real(x), real(product), real(total), torch.view_as_real(basis), readout,
-        batch, channels, frequencies, readout.shape[0], a_view.stride(0), a_view.stride(1), 2 * frequencies,
+        a_view, real(x), real(product), real(total), real(basis), readout,
+        batch, channels, frequencies, readout.shape[0], a_view.stride(0), a_view.stride(1), real(basis).stride(0),
         readout.stride(0), readout.stride(1),
         CONJUGATE=conjugate, PRODUCT=product is not None, SUM=x is not None, BLOCK_C=block_c, BLOCK_F=block_f,
     )  # fmt: skip
@@ -199,8 +199,6 @@ def fused_factored_backward(
 class FusedFactoredProduct:
     """The spectral product of ``_FactoredSpectralConvolution`` (``ops/toeplitz.py``) by the kernel; K is never formed,
     so nothing but the factors is kept for the backward."""
-
-    name = "fused"
 
     @staticmethod
     def forward(spectrum, basis, readout, in_place):

@@ -231,8 +231,6 @@ class MaterialisedProduct:
     """The spectral product of ``_FactoredSpectralConvolution`` with K = R^T S formed (one matmul, kept for the
     backward): PyTorch's path, the reference and the fallback of the fused kernel."""
 
-    name = "torch"
-
     @staticmethod
     def forward(x_freq, basis, readout, in_place):
         spectrum = complex_readout(basis, readout)
