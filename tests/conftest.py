@@ -8,6 +8,14 @@ import torch
 
 LENGTHS = (1, 7, 100, 1000, 1024)
 
+# The fused Triton kernels (tokenmix/ops/fused_toeplitz.py) run on CPU tensors only in Triton's interpreter, which
+# triton.jit picks when it decorates a kernel, reading TRITON_INTERPRET. tokenmix decorates its kernels on first use,
+# so the variable is set here, when pytest loads this file and before any test can import triton; and only on a
+# machine without a CUDA device, where the kernels are then compiled and tested on the GPU. Nothing else reads it:
+# off the GPU every mixer takes PyTorch's path, whatever the variable says (ops.fused_toeplitz.fused_wanted).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 def pytest_configure(config):
     """Under pytest-xdist each worker computes on its share of the CPUs: two workers of two threads each on

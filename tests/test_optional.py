@@ -30,3 +30,15 @@ def test_serve_explains_its_extra_without_fastapi(tiny_runs):
     code = code.replace(f"['serve', {str(tiny_runs['lm'])!r}]", "['bench', '--kinds', 'serve']")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and 'error: bench --kinds serve needs its optional extra: pip install "tokenmix[serve]"' in result.stderr
+
+
+def test_the_toeplitz_mixers_train_without_triton_and_the_fused_kernels_name_their_extra():
+    code = (
+        "import sys\nsys.modules['triton'] = None  # as if it were not installed\n"
+        "import torch, tokenmix\nfrom tokenmix.ops.fused_toeplitz import kernels\n"
+        "mixer = tokenmix.build_mixer('tno', 4)\nmixer(torch.randn(2, 8, 4)).sum().backward()\n"
+        "try:\n    with kernels('fused'):\n        mixer(torch.randn(2, 8, 4))\nexcept ValueError as error:\n    print('fused:', error)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "fused: the fused kernels need Triton: pip install 'tokenmix[fused]'" in result.stdout

@@ -41,6 +41,7 @@ FIELD_TYPES = {
     "git_commit": str,
     "precision": str,
     "compiled": bool,
+    "kernels": str,
 }
 SETTING_FIELDS = ("depth", "compile_mode")  # None where they do not apply (a mixer's depth, an eager case's mode)
 RATIO_FIELDS = ("fft_floor_ms", "fft_channels_last_ms", "fft_channels_first_ms", "fwd_ratio_to_fft", "fwdbwd_ratio_to_fft")
@@ -211,9 +212,10 @@ def test_cases_skip_modes_a_mixer_or_model_lacks():
     arguments = Namespace(
         mixers=None, models=None, kinds=["mixer", "layer", "model"], causal="both", lengths=[64],
         dim=8, model_dim=8, batch_tokens=64, dtype="float32", device="cpu", option=[("path", "sparse"), ("tcn.depth", 2)],
-        precision="fp32", compile=False, compile_mode="default", depth=None,
+        precision="fp32", compile=False, compile_mode="default", depth=None, kernels="torch",
     )  # fmt: skip
     built = bench_cases(arguments)
+    assert all(case.kernels == "torch" for case in built)
     assert all(case.options == ({"path": "sparse", "depth": 2} if case.name == "tcn" else {"path": "sparse"}) for case in built)
     cases = {(c.kind, c.name, c.causal) for c in built}
     assert ("mixer", "fnet", False) in cases and ("mixer", "fnet", True) not in cases
@@ -231,12 +233,22 @@ def test_cases_skip_modes_a_mixer_or_model_lacks():
         (["--models", "nope", "--kinds", "model"], "argument --models: must be comma-separated names among fd_tnn"),
         (["--mixers", "tcn", "--kinds", "mixer", "-o", "tnc.kernel_size=17"], "'tnc' is not among the benchmarked names ['tcn']"),
         (["--kinds", "serve,model"], "--kinds serve runs alone, not with ['model']"),
+        (["--kernels", "cuda"], "argument --kernels: must be one of auto, torch, fused"),
     ],
 )
 def test_bad_bench_arguments(arguments, message, capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--lengths", "8", *arguments])
     assert message in capsys.readouterr().err
+
+
+def test_the_kernels_of_a_case_are_recorded_and_fused_ones_refused_where_they_cannot_run(monkeypatch, capsys):
+    """--kernels sets the factored Toeplitz products' path of the measuring process (tests/mixers/test_mixer_tno.py: what
+    each runs); "fused" on a CPU, outside Triton's interpreter (which conftest.py turns on without a GPU), is refused."""
+    assert measure(Case("mixer", "tno", True, 16, 4, 2, kernels="torch"), repeats=1).to_dict()["kernels"] == "torch"
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    message = usage_error(["bench", "--kinds", "mixer", "--mixers", "tno", "--lengths", "8", *SIZES, "--kernels", "fused"], capsys)
+    assert "the fused kernels run on CUDA tensors (or any under TRITON_INTERPRET=1), got cpu" in message or "tokenmix[fused]" in message
 
 
 def test_compare_matches_records_and_reports_speedups(tmp_path, capsys):

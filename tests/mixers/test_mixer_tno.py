@@ -1,3 +1,5 @@
+import importlib.util
+
 import pytest
 import torch
 from conftest import LENGTHS, relative_error
@@ -5,6 +7,7 @@ from conftest import LENGTHS, relative_error
 import tokenmix
 from tokenmix.mixers.tno import Tno, TnoOptions
 from tokenmix.ops import naive_toeplitz_matvec
+from tokenmix.ops.fused_toeplitz import kernels
 
 
 def dense_tno(mixer: Tno, x: torch.Tensor) -> torch.Tensor:
@@ -97,3 +100,33 @@ def test_registry():
         tokenmix.build_mixer("nope", 4)
     with pytest.raises(ValueError, match="dim"):
         tokenmix.build_mixer("tno", 0)
+
+
+# the mixers of cached_or_factored_matvec, with small ranks (the interpreter loops over the rank, rpe_dim + 1 or knots + 1)
+SMALL_RPE = {"rpe_dim": 8}
+FACTORED = [("tno", False, SMALL_RPE), ("tno", True, SMALL_RPE), ("fd_tno", True, SMALL_RPE), ("ski_tno", True, {"knots": 8})]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the fused kernels need triton: pip install 'tokenmix[fused]'")
+@pytest.mark.parametrize(("name", "causal", "options"), FACTORED)
+def test_the_factored_products_of_mixers_run_the_fused_kernels_when_told_with_the_same_results(name, causal, options, monkeypatch):
+    """Under ``kernels("fused")`` (in Triton's interpreter off the GPU, conftest.py) the same outputs and gradients as
+    under ``kernels("torch")``; that the kernel is reached: outside the interpreter a CPU tensor is then refused, while
+    "auto" keeps a CPU tensor on PyTorch's path."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    mixer = tokenmix.build_mixer(name, 20, causal=causal, **options).double().to(device)
+    x = torch.randn(2, 100, 20, dtype=torch.float64, device=device, requires_grad=True)
+    inputs, grad = [x, *mixer.parameters()], torch.randn_like(x)
+    results = {}
+    for choice in ("torch", "fused"):
+        with kernels(choice):
+            y = mixer(x)
+            results[choice] = [y, *torch.autograd.grad(y, inputs, grad)]
+    for fused, reference in zip(results["fused"], results["torch"], strict=True):
+        assert relative_error(fused, reference) < 1e-12
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    cpu = mixer.cpu()
+    with kernels("fused"), pytest.raises(ValueError, match="the fused kernels run on CUDA tensors"):
+        cpu(x.detach().cpu())
+    with kernels("auto"):
+        assert torch.equal(cpu(x.detach().cpu()), results["torch"][0].detach().cpu())

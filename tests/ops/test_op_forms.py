@@ -1,8 +1,11 @@
 """Every op's forms against each other (``tokenmix/ops/forms.py``): the naive definition, the parallel fast
 path and, where the op streams, the recurrent decoder, on outputs, final states and every gradient.
 
-One parametrized test over ``list_ops()``: an op is covered by registering its forms.
+One parametrized test over ``list_ops()``: an op is covered by registering its forms; another holds an op's fused
+(Triton) form to its naive one, on the GPU, or on the CPU through Triton's interpreter (``conftest.py``).
 """
+
+import importlib.util
 
 import pytest
 import torch
@@ -88,3 +91,25 @@ def test_continuing_from_a_final_state_gives_the_whole_sequence(name):
         tail, final = form(x[:, 17:], params, middle, True)
         torch.testing.assert_close(torch.cat([head, tail], dim=1), whole)
         torch.testing.assert_close(final, whole_final)
+
+
+FUSED_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on the CPU, Triton's interpreter (see conftest.py)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the fused forms need triton: pip install 'tokenmix[fused]'")
+@pytest.mark.parametrize("name", [name for name in list_ops() if op_forms(name).fused is not None])
+@pytest.mark.parametrize("n", LENGTHS)
+def test_the_fused_form_of_an_op_agrees_with_its_naive_form_on_outputs_and_gradients(name, n):
+    """The fused form on FUSED_DEVICE against the naive one on the CPU, float64, at every length; two rows and 20
+    channels (a kernel's tile is 16 channels by 64 frequencies: a whole tile and a part of one, and frequencies past
+    one tile from 100 tokens), small enough for the interpreter to take seconds."""
+    forms = op_forms(name)
+    x, params, state = forms.example(2, n, 20, torch.float64, torch.Generator().manual_seed(n))
+    for leaf in [x, *tensors(params)]:
+        leaf.requires_grad_(True)
+    naive_y, _, naive_grads = run_form(forms.naive, x, params, state)
+    on_device = {key: value.detach().to(FUSED_DEVICE).requires_grad_(True) for key, value in params.items()}
+    y, _, grads = run_form(forms.fused, x.detach().to(FUSED_DEVICE).requires_grad_(True), on_device, state)
+    torch.testing.assert_close(y.cpu(), naive_y, msg=lambda m: f"{name} fused output: {m}")
+    for index, (got, expected) in enumerate(zip(grads, naive_grads, strict=True)):
+        torch.testing.assert_close(got.cpu(), expected, msg=lambda m, i=index: f"{name} fused gradient of leaf {i}: {m}")

@@ -17,6 +17,7 @@ from ..mixers.registry import build_mixer, list_mixers, mixer_class
 from ..models.config import ModelConfig
 from ..models.model import SequenceModel
 from ..models.registry import list_models, model_spec, resolve_model
+from ..ops.fused_toeplitz import KERNELS, check_fused_device
 from ..precision import check_precision, compute_dtype
 
 TRAINING_KINDS = ("mixer", "layer", "model")
@@ -48,6 +49,7 @@ class Case:
     compile: bool = False  # the mixer, the layer or the model's blocks compiled (``tokenmix.compilation``)
     compile_mode: str = "default"  # torch.compile's mode
     depth: int | None = None  # a model's blocks (None: MODEL_DEPTH, GENERATE_DEPTH for decoding)
+    kernels: str = "auto"  # the factored Toeplitz products' kernels: auto, torch or fused (``ops.fused_toeplitz``)
 
     @property
     def label(self) -> str:
@@ -67,6 +69,10 @@ class Case:
             raise ValueError("a mixer's decoding is measured in its --dtype, not under a mixed --precision (the models' decoding is)")
         if self.compile and self.kind not in TRAINING_KINDS:
             raise ValueError(f"compile applies to the kinds {list(TRAINING_KINDS)}, not {self.kind!r} (decoding steps stay eager)")
+        if self.kernels not in KERNELS:
+            raise ValueError(f"kernels must be one of {list(KERNELS)}, got {self.kernels!r}")
+        if self.kernels == "fused":
+            check_fused_device(self.device)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops.fft import fast_fft_size
+from ..ops.fused_toeplitz import kernels
 from ..ops.toeplitz2d import fft_grid
 from ..precision import autocast
 from ..train.memory import reset_resident_peak, resident_peak
@@ -87,13 +88,20 @@ def profile_step(function, device: torch.device, steps: int = 3) -> list[dict]:
 
 def measure(case: Case, repeats: int = 7, profile: bool = False) -> Record:
     """The case's record: a ``Measurement`` of the training kinds (``profile``: with its operators), else
-    the generate kinds' (see ``tokenmix.bench.generate``) or the precision kind's (``tokenmix.bench.accuracy``)."""
-    if case.kind == "generate":
-        return measure_generate(case, repeats)
-    if case.kind == "generate_mixer":
-        return measure_generate_mixer(case)
-    if case.kind == "precision":
-        return measure_precision(case)
+    the generate kinds' (see ``tokenmix.bench.generate``) or the precision kind's (``tokenmix.bench.accuracy``);
+    the factored Toeplitz products on the case's ``kernels`` (``ops.fused_toeplitz``)."""
+    with kernels(case.kernels):
+        if case.kind == "generate":
+            return measure_generate(case, repeats)
+        if case.kind == "generate_mixer":
+            return measure_generate_mixer(case)
+        if case.kind == "precision":
+            return measure_precision(case)
+        return measure_training(case, repeats, profile)
+
+
+def measure_training(case: Case, repeats: int, profile: bool) -> Measurement:
+    """A training kind's ``Measurement``: eval forward and training step times, peak memory, the FFT floor."""
     module, inputs = case.build()
     device = inputs.device
     differentiable = inputs.is_floating_point()

@@ -108,7 +108,8 @@ def bench_cases(args) -> list[Case]:
                         case = Case(kind, name, causal, length, dim, batch, args.dtype, args.device, chosen, limits, variant)
                         precision = "fp32" if kind == "generate_mixer" else args.precision  # a mixer decodes in its --dtype
                         compiled = args.compile and kind in TRAINING_KINDS
-                        cases.append(replace(case, precision=precision, compile=compiled, compile_mode=args.compile_mode, depth=args.depth))
+                        settings = dict(compile=compiled, compile_mode=args.compile_mode, depth=args.depth, kernels=args.kernels)
+                        cases.append(replace(case, precision=precision, **settings))
         if kind == "generate_mixer":  # the distilled models' mixer beside the Toeplitz ones, at the same width and lengths
             for order, length in ((order, length) for order in args.distilled for length in lengths):
                 cases.append(Case(kind, "ssm", True, length, dim, 1, args.dtype, args.device, {"order": order}, limits, f"order {order}"))

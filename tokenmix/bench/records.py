@@ -32,6 +32,7 @@ class Record:
     compiled: bool = False  # torch.compile'd (mixer, layer, a model's blocks)
     compile_mode: str | None = None  # torch.compile's mode when compiled
     depth: int | None = None  # a model's blocks (kinds model and generate)
+    kernels: str = "auto"  # the factored Toeplitz products' kernels (--kernels: auto, torch, fused); records before it: auto
     retain_freed_memory: bool | None = None  # the allocator setting of the measuring process
     git_commit: str | None = None
     error: str | None = None
@@ -116,7 +117,7 @@ def identity(case: Case, device=None) -> dict:
     return dict(
         kind=case.kind, mixer=case.label, causal=case.causal, length=case.length, batch=case.batch, dim=case.dim,
         dtype=case.dtype, device=str(device or case.device), threads=torch.get_num_threads(), torch=torch.__version__,
-        precision=case.precision, compiled=case.compile, compile_mode=case.compile_mode if case.compile else None,
+        precision=case.precision, compiled=case.compile, compile_mode=case.compile_mode if case.compile else None, kernels=case.kernels,
         depth=(case.depth or (GENERATE_DEPTH if case.kind == "generate" else MODEL_DEPTH)) if case.kind in ("model", "generate") else None,
     )  # fmt: skip
 

@@ -63,9 +63,8 @@ def run_bench(args) -> int:
     revision = source_revision()
     records = measure_cases(cases, args.repeats, args.threads, args.profile, revision, keep=lambda records: write_output(args, records))
     compiled = f", compiled ({args.compile_mode})" if args.compile else ""
-    machine = (
-        f"{platform.machine()}, {args.threads} threads, torch {torch.__version__}, {args.device}, {args.dtype}, {args.precision}{compiled}"
-    )
+    settings = f"{args.device}, {args.dtype}, {args.precision}{compiled}, {args.kernels} kernels"
+    machine = f"{platform.machine()}, {args.threads} threads, torch {torch.__version__}, {settings}"
     print(f"# {machine}; batch*length {args.batch_tokens}, median of {args.repeats}; source {revision or 'not a git checkout'}")
     print(bench_tables(records))
     failed = [record for record in records if record["error"]]

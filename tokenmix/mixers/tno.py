@@ -23,7 +23,8 @@ from torch import nn
 
 from ..fields import Flag, Number, setting
 from ..ops.fft import convolution_fft_size
-from ..ops.toeplitz import complex_readout, factored_spectral_matvec, spectral_matvec, toeplitz_spectrum
+from ..ops.fused_toeplitz import fused_wanted
+from ..ops.toeplitz import complex_readout, factored_spectral_matvec, fused_factored_spectral_matvec, spectral_matvec, toeplitz_spectrum
 from ..options import Options
 from .base import PADDING_SIDES, ChannelSliced, Mixer, ToeplitzOperator
 from .cache import Cache
@@ -67,12 +68,14 @@ def cached_or_factored_matvec(
     cache: Cache, module: nn.Module, x: torch.Tensor, key, fft_size: int, factors, channels: slice = slice(None)
 ) -> torch.Tensor:
     """T x for the spectrum readout^T @ basis of ``channels`` (readout's columns), ``factors() -> (basis,
-    readout)``: under autograd the fused factored product (no (d, F) spectrum or its gradient is formed);
-    otherwise the spectrum of those channels, cached under ``key`` and the channels."""
+    readout)``: under autograd the factored product (no gradient of the (d, F) spectrum is formed; on CUDA, where
+    triton imports, its Triton kernels, which form no spectrum at all: ``ops.fused_toeplitz``); otherwise the
+    spectrum of those channels, cached under ``key`` and the channels."""
     if torch.is_grad_enabled():
         cache.clear()
         basis, readout = factors()
-        return factored_spectral_matvec(x, basis, readout[:, channels], fft_size)
+        matvec = fused_factored_spectral_matvec if fused_wanted(x) else factored_spectral_matvec
+        return matvec(x, basis, readout[:, channels], fft_size)
     key = (key, channels.start, channels.stop)
     return spectral_matvec(x, cache.get(key, lambda: complex_readout(*factors())[channels], weights=module), fft_size)
 

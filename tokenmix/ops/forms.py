@@ -4,9 +4,11 @@
 
 ``naive`` is the op's definition (a dense matrix, or a Python loop over time); ``parallel`` the
 fast path training runs (FFT, banded convolution, sparse interpolation); ``recurrent`` the path
-decoding runs, one token at a time from a state. x is (batch, n, d); ``params`` the op's weights
-and settings; a state is a tensor or a tuple of them, the same for every form of an op, and
-continuing from the final state of a prefix gives the outputs of the whole sequence.
+decoding runs, one token at a time from a state; ``fused``, where an op has one, the parallel form with
+its elementwise passes fused into Triton kernels (GPU; on the CPU through Triton's interpreter, for
+tests). x is (batch, n, d); ``params`` the op's weights and settings; a state is a tensor or a tuple
+of them, the same for every form of an op, and continuing from the final state of a prefix gives the
+outputs of the whole sequence.
 ``tests/ops/test_op_forms.py`` holds every registered op's forms to each other on outputs, final
 states and every gradient.
 """
@@ -26,12 +28,13 @@ Form = Callable[..., torch.Tensor | tuple[torch.Tensor, object]]
 @dataclass(frozen=True)
 class OpForms:
     """The forms of one op; ``example(batch, n, dim, dtype, generator) -> (x, params, initial_state)``
-    draws valid inputs (the initial state None for an op that does not stream)."""
+    draws valid inputs (the initial state None for an op that does not stream); ``fused`` the Triton form, if any."""
 
     naive: Form
     parallel: Form
     recurrent: Form | None
     example: Callable[..., tuple[torch.Tensor, dict, object]]
+    fused: Form | None = None
 
     @property
     def streams(self) -> bool:

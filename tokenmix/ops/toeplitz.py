@@ -21,6 +21,7 @@ import torch
 from ..precision import without_autocast
 from .fft import convolution_fft_size, hermitian_weights, spectral_dtype
 from .forms import OpForms, register_op, without_state
+from .fused_toeplitz import FusedFactoredProduct, check_fused_device
 from .layout import channels_first
 from .second_order import double_backward_enabled
 
@@ -65,22 +66,33 @@ def _output_signal(product: torch.Tensor, fft_size: int, n: int, dtype: torch.dt
     return torch.fft.irfft(product, n=fft_size, dim=-1)[..., :n].transpose(1, 2).to(dtype)
 
 
-def _convolve(ctx, x: torch.Tensor, spectrum: torch.Tensor, fft_size: int, keep_input: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Forward of both Functions: y = irfft(rfft(x) * K)[:n] in x's dtype, and rfft(x) when ``keep_input`` (for dL/dK)."""
+def _convolve(ctx, x: torch.Tensor, multiply, fft_size: int, keep_input: bool):
+    """Forward of both Functions: (y, rfft(x) when ``keep_input`` (for dL/dK; otherwise the product may overwrite it),
+    what the product keeps) with ``multiply(X, in_place) -> (X * K, kept)`` and y = irfft(X * K)[:n] in x's dtype."""
     x_freq = _input_spectrum(x, fft_size)
-    product = x_freq * spectrum if keep_input else x_freq.mul_(spectrum)
+    product, kept = multiply(x_freq, not keep_input)
     ctx.fft_size, ctx.input_dtype = fft_size, x.dtype
-    return _output_signal(product, fft_size, x.shape[1], x.dtype), x_freq if keep_input else None
+    return _output_signal(product, fft_size, x.shape[1], x.dtype), x_freq if keep_input else None, kept
 
 
-def _convolve_backward(ctx, grad_y, x_freq, spectrum, want_x: bool, want_spectrum: bool):
-    """(dL/dx, T) with T = sum_b conj(G) * X, G = rfft(dL/dy): dL/dK = (c / N) conj(T) in PyTorch's convention."""
-    fft_size, n = ctx.fft_size, grad_y.shape[1]
-    conj_grad_freq = torch.conj_physical_(_input_spectrum(grad_y, fft_size))
+def _multiply(x_freq: torch.Tensor, spectrum: torch.Tensor, in_place: bool) -> torch.Tensor:
+    return x_freq.mul_(spectrum) if in_place else x_freq * spectrum
+
+
+def _spectral_backward(grad_freq, x_freq, spectrum, want_x: bool, want_spectrum: bool):
+    """(G * conj(K) written over G, T = sum_b conj(G) * X) for a formed spectrum K; None for each not wanted."""
+    conj_grad_freq = torch.conj_physical_(grad_freq)
     products = _batch_sum_of_products(conj_grad_freq, x_freq) if want_spectrum else None
-    grad_x = None
-    if want_x:  # dL/dx = irfft(G * conj(K)): a correlation with the kernel
-        grad_x = _output_signal(torch.conj_physical_(conj_grad_freq.mul_(spectrum)), fft_size, n, ctx.input_dtype)
+    return torch.conj_physical_(conj_grad_freq.mul_(spectrum)) if want_x else None, products
+
+
+def _convolve_backward(ctx, grad_y, spectral_backward, want_x: bool, want_spectrum: bool):
+    """(dL/dx, T) with T = sum_b conj(G) * X, G = rfft(dL/dy): dL/dK = (c / N) conj(T) in PyTorch's convention.
+    ``spectral_backward(G, want_x, want_spectrum) -> (G * conj(K), T)`` (each None when not wanted); dL/dx =
+    irfft(G * conj(K)), a correlation with the kernel."""
+    fft_size, n = ctx.fft_size, grad_y.shape[1]
+    grad_x_freq, products = spectral_backward(_input_spectrum(grad_y, fft_size), want_x, want_spectrum)
+    grad_x = _output_signal(grad_x_freq, fft_size, n, ctx.input_dtype) if want_x else None
     return grad_x, products
 
 
@@ -97,7 +109,7 @@ class DoubleBackwardRefused(RuntimeError):
     """A second derivative through a Toeplitz kernel whose forward ran outside ``double_backward()``."""
 
 
-def _backward_products(ctx, grad_y, x, x_freq, spectrum, transposed_product):
+def _backward_products(ctx, grad_y, x, spectral_backward, transposed_product):
     """(dL/dx, T) for both Functions; None for what autograd does not need.
 
     When autograd records the backward (create_graph=True, for second derivatives), both are built
@@ -107,7 +119,7 @@ def _backward_products(ctx, grad_y, x, x_freq, spectrum, transposed_product):
     """
     want_x, want_kernel = ctx.needs_input_grad[0], any(ctx.needs_input_grad[1:])
     if not torch.is_grad_enabled():
-        return _convolve_backward(ctx, grad_y, x_freq, spectrum, want_x, want_kernel)
+        return _convolve_backward(ctx, grad_y, spectral_backward, want_x, want_kernel)
     if want_kernel and x is None:
         raise DoubleBackwardRefused(
             "a second derivative through a Toeplitz kernel (create_graph=True, hvp, hessian) needs its forward run inside "
@@ -137,7 +149,7 @@ class _SpectralConvolution(torch.autograd.Function):
     @without_autocast
     def forward(ctx, x: torch.Tensor, spectrum: torch.Tensor, fft_size: int) -> torch.Tensor:
         keep_input = ctx.needs_input_grad[1]
-        y, x_freq = _convolve(ctx, x, spectrum, fft_size, keep_input)
+        y, x_freq, _ = _convolve(ctx, x, lambda x_freq, in_place: (_multiply(x_freq, spectrum, in_place), None), fft_size, keep_input)
         ctx.save_for_backward(x if keep_input and double_backward_enabled() else None, x_freq, spectrum)
         return y
 
@@ -146,7 +158,11 @@ class _SpectralConvolution(torch.autograd.Function):
     def backward(ctx, grad_y: torch.Tensor):
         x, x_freq, spectrum = ctx.saved_tensors
         grad_x, products = _backward_products(
-            ctx, grad_y, x, x_freq, spectrum, lambda g: _SpectralConvolution.apply(g, spectrum.conj_physical(), ctx.fft_size)
+            ctx,
+            grad_y,
+            x,
+            lambda grad_freq, *wanted: _spectral_backward(grad_freq, x_freq, spectrum, *wanted),
+            lambda g: _SpectralConvolution.apply(g, spectrum.conj_physical(), ctx.fft_size),
         )
         grad_spectrum = None
         if products is not None:  # in the spectrum's dtype even when x came in another
@@ -170,14 +186,18 @@ class _FactoredSpectralConvolution(torch.autograd.Function):
     the small (e, 2F) side instead of costing two more passes over the (d, F) gradient.
     Twice differentiable as ``_SpectralConvolution``, dL/dx = irfft(G * R^T conj(S))[:n] being this
     Function with the conjugate basis.
+
+    ``product`` computes X * K and (G * conj(K), T): ``MaterialisedProduct`` forms K (PyTorch's path),
+    ``FusedFactoredProduct`` (``ops/fused_toeplitz.py``) never does; the FFTs and the factors' gradients are shared.
     """
 
     @staticmethod
     @without_autocast
-    def forward(ctx, x: torch.Tensor, basis: torch.Tensor, readout: torch.Tensor, fft_size: int) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, basis: torch.Tensor, readout: torch.Tensor, fft_size: int, product) -> torch.Tensor:
         keep_input = any(ctx.needs_input_grad[1:3])
-        spectrum = complex_readout(basis, readout)
-        y, x_freq = _convolve(ctx, x, spectrum, fft_size, keep_input)
+        multiply = lambda x_freq, in_place: product.forward(x_freq, basis, readout, in_place)  # noqa: E731
+        y, x_freq, spectrum = _convolve(ctx, x, multiply, fft_size, keep_input)  # spectrum: K where the product formed it
+        ctx.product = product
         ctx.save_for_backward(x if keep_input and double_backward_enabled() else None, x_freq, spectrum, basis, readout)
         return y
 
@@ -185,8 +205,13 @@ class _FactoredSpectralConvolution(torch.autograd.Function):
     @without_autocast
     def backward(ctx, grad_y: torch.Tensor):
         x, x_freq, spectrum, basis, readout = ctx.saved_tensors
+        product = ctx.product
         grad_x, products = _backward_products(
-            ctx, grad_y, x, x_freq, spectrum, lambda g: _FactoredSpectralConvolution.apply(g, basis.conj_physical(), readout, ctx.fft_size)
+            ctx,
+            grad_y,
+            x,
+            lambda grad_freq, *wanted: product.backward(grad_freq, x_freq, basis, readout, spectrum, *wanted),
+            lambda g: _FactoredSpectralConvolution.apply(g, basis.conj_physical(), readout, ctx.fft_size, product),
         )
         want_basis, want_readout = ctx.needs_input_grad[1:3]
         grad_basis = grad_readout = None
@@ -199,7 +224,21 @@ class _FactoredSpectralConvolution(torch.autograd.Function):
             if want_basis:
                 grad_basis = (readout.to(products.dtype) @ products).mul_(signed).unflatten(-1, (-1, 2))
                 grad_basis = torch.view_as_complex(grad_basis).to(basis.dtype)
-        return grad_x, grad_basis, grad_readout, None
+        return grad_x, grad_basis, grad_readout, None, None
+
+
+class MaterialisedProduct:
+    """The spectral product of ``_FactoredSpectralConvolution`` with K = R^T S formed (one matmul, kept for the
+    backward): PyTorch's path, the reference and the fallback of the fused kernel."""
+
+    @staticmethod
+    def forward(x_freq, basis, readout, in_place):
+        spectrum = complex_readout(basis, readout)
+        return _multiply(x_freq, spectrum, in_place), spectrum
+
+    @staticmethod
+    def backward(grad_freq, x_freq, basis, readout, spectrum, want_x, want_spectrum):
+        return _spectral_backward(grad_freq, x_freq, spectrum, want_x, want_spectrum)
 
 
 def _batch_sum_of_products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -225,7 +264,15 @@ def factored_spectral_matvec(x: torch.Tensor, basis: torch.Tensor, readout: torc
     """``spectral_matvec`` for the spectrum readout^T @ basis (basis (e, F) complex, readout (e, d) real)
     without differentiating through the (d, F) spectrum: the fused product of TNO, FD-TNO and causal
     SKI-TNO, whose kernels are linear in a few parameter columns."""
-    return _FactoredSpectralConvolution.apply(x, basis, readout, fft_size)
+    return _FactoredSpectralConvolution.apply(x, basis, readout, fft_size, MaterialisedProduct)
+
+
+def fused_factored_spectral_matvec(x: torch.Tensor, basis: torch.Tensor, readout: torch.Tensor, fft_size: int) -> torch.Tensor:
+    """``factored_spectral_matvec`` with its spectral products in one Triton kernel each (``ops/fused_toeplitz.py``):
+    the (d, F) spectrum is never formed. The same dtypes, gradients and second derivatives; CUDA tensors (any under
+    TRITON_INTERPRET=1); needs ``pip install 'tokenmix[fused]'``."""
+    check_fused_device(x.device)
+    return _FactoredSpectralConvolution.apply(x, basis, readout, fft_size, FusedFactoredProduct)
 
 
 def complex_readout(basis: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
@@ -280,5 +327,36 @@ register_op(
         without_state(lambda x, params: toeplitz_matvec(x, params["kernel"], False)),
         None,
         _bidirectional_example,
+    ),
+)
+
+
+def _factored_matvec(matvec):
+    """The form of the factored op by ``matvec`` (factored_spectral_matvec or its fused twin): the basis kernel's spectrum."""
+
+    def run(x: torch.Tensor, params: dict) -> torch.Tensor:
+        n = x.shape[1]
+        fft_size = convolution_fft_size(2 * n)
+        return matvec(x, toeplitz_spectrum(params["basis_kernel"], n, False, fft_size), params["readout"], fft_size)
+
+    return without_state(run)
+
+
+def _factored_example(batch: int, n: int, dim: int, dtype: torch.dtype, generator: torch.Generator, rank: int = 4):
+    """x, and a kernel basis_kernel @ readout of ``rank`` decaying columns by lag (as TNO's features times its output layer)."""
+    lags = torch.arange(-(n - 1), n, dtype=dtype)[:, None]
+    basis_kernel = torch.randn(2 * n - 1, rank, dtype=dtype, generator=generator) * 0.9 ** lags.abs()
+    readout = torch.randn(rank, dim, dtype=dtype, generator=generator)
+    return torch.randn(batch, n, dim, dtype=dtype, generator=generator), {"basis_kernel": basis_kernel, "readout": readout}, None
+
+
+register_op(  # the product of TNO, FD-TNO and causal SKI-TNO: a kernel linear in a few columns, applied by its factors
+    "factored_toeplitz",
+    OpForms(
+        without_state(lambda x, params: naive_toeplitz_matvec(x, params["basis_kernel"] @ params["readout"], False)),
+        _factored_matvec(factored_spectral_matvec),
+        None,
+        _factored_example,
+        fused=_factored_matvec(fused_factored_spectral_matvec),
     ),
 )
