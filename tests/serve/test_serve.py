@@ -84,6 +84,19 @@ def test_the_openai_client_completes_streamed_and_not_as_generate_does(served, n
         assert len(choice.logprobs.tokens) == 10 and all(len(top) == 2 for top in choice.logprobs.top_logprobs)
 
 
+def test_a_server_that_decodes_from_static_buffers_answers_as_generate_does(run, network):
+    """``--decoding static`` (eager on the CPU, a CUDA graph per batch on CUDA) crosses to the engine's process."""
+    with serving(run, "--decoding", "static") as server:
+        assert any(line.endswith("batches decode from static buffers") for line in server.lines)
+        http = httpx.Client(timeout=120)
+        requests = [
+            {"model": "lm", "prompt": prompt, "max_tokens": 12, "temperature": 0.8, "seed": 4} for prompt in ("To be", "that is the")
+        ]
+        answers = [http.post(f"{server.url}/v1/completions", json=request).json() for request in requests]
+    for request, answer in zip(requests, answers, strict=True):
+        assert answer["choices"][0]["text"] == alone(network, request["prompt"], 12, temperature=0.8, seed=4)
+
+
 def test_64_concurrent_requests_each_get_what_generate_gives_them_alone(served, network):
     """Different prompt lengths, sampling settings and seeds, half streamed, all at once."""
     text = "To be, or not to be, that is the question. Whether 'tis nobler in the mind to suffer"

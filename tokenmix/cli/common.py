@@ -5,6 +5,7 @@ from __future__ import annotations
 import unicodedata
 
 from ..fields import Choice, Existing, Integer
+from ..generation.graphs import DECODINGS
 from ..precision import PRECISIONS
 from ..runtime import set_threads
 from ..train.config import DEVICE, TrainConfig
@@ -39,6 +40,16 @@ def add_precision(parser) -> None:
         type=Choice(list(PRECISIONS)),
         default="fp32",
         help="run the model's forward passes in this compute dtype (autocast; the weights stay as saved; docs/training.md) (default: fp32)",
+    )
+
+
+def add_decoding(parser) -> None:
+    parser.add_argument(
+        "--decoding",
+        choices=DECODINGS,
+        default="auto",
+        help="after the prompts: stream (the model's step), static (static buffers, replayed as a CUDA graph on CUDA) "
+        "or auto (static on CUDA where the model has it, else stream; docs/inference.md) (default: auto)",
     )
 
 

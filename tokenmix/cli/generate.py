@@ -12,9 +12,9 @@ from ..data.tokenizer import Tokenizer
 from ..errors import user_input
 from ..fields import Integer, Number, Text
 from ..generation import StopRule, check_sampling, generate, naive_generate
-from ..generation.graphs import DECODINGS, use_static_decoding
+from ..generation.graphs import use_static_decoding
 from ..runs import open_run
-from .common import DEMO_PROMPT, RUN, add_precision, add_threads_and_device, escaped, printable, use_threads
+from .common import DEMO_PROMPT, RUN, add_decoding, add_precision, add_threads_and_device, escaped, printable, use_threads
 
 
 def add_parser(subparsers) -> None:
@@ -47,19 +47,13 @@ def add_parser(subparsers) -> None:
         help="with --temperature 0: also decode by re-running the whole sequence per token, compare, time both",
     )
     parser.add_argument(
-        "--decoding",
-        choices=DECODINGS,
-        default="auto",
-        help="after the prompt: stream (the model's step), static (static buffers, replayed as a CUDA graph on CUDA) "
-        "or auto (static on CUDA where the model has it, else stream) (default: auto)",
-    )
-    parser.add_argument(
         "--transformers",
         action="store_true",
         help="CHECKPOINT is a folder written by `tokenmix export-hf`: generate with transformers' AutoModelForCausalLM (docs/hf.md)",
     )
     add_threads_and_device(parser)
     add_precision(parser)
+    add_decoding(parser)
     parser.set_defaults(handler=run_generate)
 
 

@@ -9,13 +9,15 @@ import time
 
 import torch
 
+from ..devices import resolve_device
 from ..errors import user_input
 from ..fields import Existing, Integer, Number, Text
+from ..generation.graphs import use_static_decoding
 from ..runs import open_run
 from ..runtime import available_cpus, release_freed_memory, set_threads
 from ..serve.servable import check_servable
 from .arguments import ByteSize
-from .common import add_precision, add_threads_and_device
+from .common import add_decoding, add_precision, add_threads_and_device
 
 API_KEY_VARIABLE = "TOKENMIX_API_KEY"
 DEFAULT_CHOICES = 16
@@ -69,6 +71,7 @@ def add_parser(subparsers) -> None:
     )
     add_threads_and_device(parser, threads_default="torch's, at most one fewer than the CPUs: one core is left to the HTTP server")
     add_precision(parser)
+    add_decoding(parser)
     parser.add_argument(
         "--prefill-threads",
         type=Integer(1),
@@ -130,6 +133,8 @@ def run_serve(args) -> int:
         set_threads(threads)  # warns here when there are more threads than CPUs; the engine's process uses as many
         run = open_run(args.checkpoint)  # a wrong path or model is refused before that process starts
         check_servable(run, args.checkpoint)
+        device = resolve_device(args.device)
+        static = use_static_decoding(run.model, args.decoding, device)  # refuses static where the model lacks it
         tokenizer, name = run.tokenizer, run.name
         del run
         release_freed_memory()  # the weights loaded here for the check: the engine's process loads its own
@@ -140,7 +145,8 @@ def run_serve(args) -> int:
             raise ValueError(f"--max-choices ({args.max_choices}) must be at most --max-batch ({args.max_batch})")
         api_key = args.api_key or os.environ.get(API_KEY_VARIABLE) or None
     config = serve_config(args, threads)
-    say(f"measuring state sizes up to {config.engine.context} tokens")
+    decoding = "their streams" if not static else "from static buffers" + (" as CUDA graphs" if device.type == "cuda" else "")
+    say(f"measuring state sizes up to {config.engine.context} tokens; batches decode {decoding}")
     with user_input():
         engine = EngineProcess(config, restarts=args.engine_restarts, report=say)
     app = create_app(engine, tokenizer, args.model_name or name, api_key=api_key, limits=limits)
@@ -169,6 +175,7 @@ def serve_config(args, threads: int):
         chunk=args.chunk,
         prefix_min=args.prefix_cache_min,
         prefill_threads=args.prefill_threads or available_cpus(),
+        decoding=args.decoding,
     )
     return ServeConfig(served=args.checkpoint, device=args.device, precision=args.precision, threads=threads, engine=engine)
 
