@@ -6,7 +6,7 @@ from conftest import LENGTHS, relative_error
 
 import tokenmix
 from tokenmix.mixers.tno import Tno, TnoOptions
-from tokenmix.ops import naive_toeplitz_matvec
+from tokenmix.ops import fused_toeplitz, naive_toeplitz_matvec
 from tokenmix.ops.fused_toeplitz import kernels
 
 
@@ -130,3 +130,27 @@ def test_the_factored_products_of_mixers_run_the_fused_kernels_when_told_with_th
         cpu(x.detach().cpu())
     with kernels("auto"):
         assert torch.equal(cpu(x.detach().cpu()), results["torch"][0].detach().cpu())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the fused kernels need triton: pip install 'tokenmix[fused]'")
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_compiled_tno_runs_the_fused_kernels_in_its_graph(causal, monkeypatch):
+    """Captured whole (``fullgraph``; forward and backward traced by AOTAutograd) with the kernels as custom operators:
+    the eager PyTorch path's outputs and gradients, each kernel launched (forward, backward) from the compiled graph."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    mixer = tokenmix.build_mixer("tno", 20, causal=causal, **SMALL_RPE).to(device)
+    x = torch.randn(2, 37, 20, device=device, requires_grad=True)
+    inputs, grad = [x, *mixer.parameters()], torch.randn_like(x)
+    with kernels("torch"):
+        y = mixer(x)
+        expected = [y, *torch.autograd.grad(y, inputs, grad)]
+    launches = []
+    launch = fused_toeplitz._launch
+    monkeypatch.setattr(fused_toeplitz, "_launch", lambda *args, **kwargs: launches.append(kwargs) or launch(*args, **kwargs))
+    torch._dynamo.reset()
+    with kernels("fused"):
+        y = torch.compile(mixer, fullgraph=True, backend="aot_eager")(x)
+        got = [y, *torch.autograd.grad(y, inputs, grad)]
+    assert [bool(kwargs.get("conjugate")) for kwargs in launches] == [False, True]
+    for compiled, eager in zip(got, expected, strict=True):
+        assert relative_error(compiled, eager) < 1e-5

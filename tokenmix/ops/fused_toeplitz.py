@@ -21,8 +21,8 @@ K is never formed; T is written once (the basis and readout gradients are two sm
 ``torch.fft``.
 
 Triton is imported on first use (``pip install 'tokenmix[fused]'``). The mixers use the kernel on CUDA
-tensors, eagerly (inside ``torch.compile`` Inductor fuses PyTorch's path itself), when triton imports;
-``kernels("torch")`` forces PyTorch's path (the reference and the fallback) for comparisons.
+tensors when triton imports, eagerly and inside ``torch.compile`` (as custom operators, kept whole in its
+graph); ``kernels("torch")`` forces PyTorch's path (the reference and the fallback) for comparisons.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def interpreted() -> bool:
 def fused_wanted(x: torch.Tensor) -> bool:
     """Whether a factored product of x runs the fused kernel under the current ``kernels()`` choice."""
     choice = kernel_choice()
-    if choice == "torch" or torch.compiler.is_compiling():
+    if choice == "torch":
         return False
     if choice == "fused":
         check_fused_device(x.device)
@@ -173,25 +173,61 @@ def _contiguous_spectrum(name: str, spectrum: torch.Tensor) -> torch.Tensor:
     return spectrum.resolve_conj().contiguous()
 
 
+# Inside ``torch.compile`` the launches are custom operators, which it keeps whole in its graph (``fullgraph`` included):
+# compiled blocks run the kernels too, Inductor fusing the real-valued work around them (it generates no code for complex
+# tensors). They are functional (a new output); eagerly the kernels write over their input where it is not needed again.
+@torch.library.custom_op("tokenmix::fused_factored_multiply", mutates_args=())
+def _multiply(spectrum: torch.Tensor, basis: torch.Tensor, readout: torch.Tensor, conjugate: bool) -> torch.Tensor:
+    product = torch.empty_like(spectrum)
+    _launch(spectrum, basis, readout, conjugate=conjugate, product=product)
+    return product
+
+
+@_multiply.register_fake
+def _(spectrum, basis, readout, conjugate):
+    return torch.empty_like(spectrum)
+
+
+@torch.library.custom_op("tokenmix::fused_factored_backward", mutates_args=())
+def _product_and_sum(
+    grad: torch.Tensor, spectrum: torch.Tensor, basis: torch.Tensor, readout: torch.Tensor, want_product: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    product = torch.empty_like(grad) if want_product else None
+    total = _launch(grad, basis, readout, conjugate=True, product=product, x=spectrum)
+    return grad.new_empty(0) if product is None else product, total
+
+
+@_product_and_sum.register_fake
+def _(grad, spectrum, basis, readout, want_product):
+    return torch.empty_like(grad) if want_product else grad.new_empty(0), grad.new_empty(grad.shape[1:])
+
+
 def fused_factored_multiply(spectrum: torch.Tensor, basis: torch.Tensor, readout: torch.Tensor, in_place: bool = False) -> torch.Tensor:
     """X * K for X (batch, d, F) complex and K = readout^T basis (basis (e, F) complex, readout (e, d) real), K not
-    formed; written over X when ``in_place`` (X contiguous)."""
+    formed; written over X when ``in_place`` (X contiguous) outside ``torch.compile``."""
     check_fused_device(spectrum.device)
     spectrum = _contiguous_spectrum("spectrum", spectrum)
-    product = spectrum if in_place else torch.empty_like(spectrum)
-    _launch(spectrum, basis, readout, product=product)
-    return product
+    if torch.compiler.is_compiling() or not in_place:
+        return _multiply(spectrum, basis, readout, False)
+    _launch(spectrum, basis, readout, product=spectrum)
+    return spectrum
 
 
 def fused_factored_backward(
     grad: torch.Tensor, spectrum: torch.Tensor, basis: torch.Tensor, readout: torch.Tensor, want_product: bool, want_sum: bool
 ):
-    """(G * conj(K) written over G, T = sum_b conj(G) X) in one pass over G (batch, d, F) and X; None for each not wanted."""
+    """(G * conj(K), written over G outside ``torch.compile``, and T = sum_b conj(G) X) in one pass over G (batch, d, F)
+    and X; None for each not wanted."""
     check_fused_device(grad.device)
     grad = _contiguous_spectrum("grad", grad)
+    x = _contiguous_spectrum("spectrum", spectrum).to(grad.dtype) if want_sum else None
+    if torch.compiler.is_compiling():
+        if want_sum:
+            product, total = _product_and_sum(grad, x, basis, readout, want_product)
+            return product if want_product else None, total
+        return _multiply(grad, basis, readout, True) if want_product else None, None
     if not (want_product or want_sum):
         return None, None
-    x = _contiguous_spectrum("spectrum", spectrum).to(grad.dtype) if want_sum else None
     total = _launch(grad, basis, readout, conjugate=True, product=grad if want_product else None, x=x)
     return grad if want_product else None, total
 
