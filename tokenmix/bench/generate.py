@@ -51,7 +51,7 @@ def measure_generate(case: Case, repeats: int = 7) -> GenerateMeasurement:
         state_bytes = state.nbytes()
         static = model.static_decoding
         if static:  # from a copy of the state at P, on to as many tokens as the stream steps
-            decoder = StaticDecoder(model, state, position + WARMUP + repeats, graph=device.type == "cuda")
+            decoder = StaticDecoder(model, state, position + WARMUP + repeats)  # a CUDA graph on CUDA
         states = [state, model(tokens[:, :reference], state=empty(reference), return_state=True)[1]]
         next_tokens = [tokens[:, position:], tokens[:, reference : reference + 1]]
 

@@ -46,7 +46,7 @@ def add_precision(parser) -> None:
 def add_decoding(parser) -> None:
     parser.add_argument(
         "--decoding",
-        choices=DECODINGS,
+        type=Choice(list(DECODINGS)),
         default="auto",
         help="after the prompts: stream (the model's step), static (static buffers, replayed as a CUDA graph on CUDA) "
         "or auto (static on CUDA where the model has it, else stream; docs/inference.md) (default: auto)",

@@ -44,10 +44,10 @@ def _check_options(model, prompts, max_new_tokens, rows) -> tuple[list[torch.Ten
 
 
 class _StreamSteps:
-    """The model's stream ``step``; rows that end leave the batch (``StreamState.select``)."""
+    """The model's stream ``step`` (each row told the ``steps`` it has left); rows that end leave the batch."""
 
-    def __init__(self, model, state):
-        self.model, self.state = model, state
+    def __init__(self, model, state, steps: list[int]):
+        self.model, self.state = model, state.limit_steps(torch.tensor(steps))
 
     def keep(self, slots: list[int]) -> None:
         self.state = self.state.select(slots)
@@ -121,11 +121,8 @@ def generate(
     static = use_static_decoding(model, decoding, device)
     state = model.init_state(len(prompts), max_length=max_length or longest, device=device)
     logits, state = model(torch.stack([prompt[:shared] for prompt in prompts]).to(device), state=state, return_state=True)
-    logits = logits[:, -1]
-    if static:
-        steps = _StaticSteps(StaticDecoder(model, state, max_length or longest, graph=device.type == "cuda"))
-    else:  # a row's last token is not read
-        steps = _StreamSteps(model, state.limit_steps(torch.tensor([length - shared + max_new_tokens - 1 for length in lengths])))
+    logits, left = logits[:, -1], [length - shared + max_new_tokens - 1 for length in lengths]  # a row's last token is not read
+    steps = _StaticSteps(StaticDecoder(model, state, max_length or longest)) if static else _StreamSteps(model, state, left)
     active, position = list(range(len(prompts))), shared  # prompts still in the batch; tokens read so far
     bar = progress_bar(total=len(prompts) * max_new_tokens, unit="token", desc="generating", disable=not progress)
     while active and max_new_tokens:

@@ -76,11 +76,12 @@ class StepGraph:
 
 class StaticDecoder:
     """Steps the ``state`` of ``model``'s streams (every row read to the same position) on, one token per row per
-    ``step``, up to ``capacity`` tokens in all, from static buffers; with ``graph`` (CUDA only), as a ``StepGraph``
-    of a bucket's rows (the extra rows repeat the first stream; their logits are not returned)."""
+    ``step``, up to ``capacity`` tokens in all, from static buffers; with ``graph`` (CUDA only; default: on a model on
+    CUDA), as a ``StepGraph`` of a bucket's rows (the extra rows repeat the first stream; their logits are not returned)."""
 
-    def __init__(self, model, state, capacity: int, graph: bool):
+    def __init__(self, model, state, capacity: int, graph: bool | None = None):
         self.model, self.rows = model, state.batch_size
+        graph = next(model.parameters()).device.type == "cuda" if graph is None else graph
         bucket = batch_bucket(self.rows) if graph else self.rows
         padded = state if bucket == self.rows else state.select(list(range(self.rows)) + [0] * (bucket - self.rows))
         self.state = model.static_state(padded, capacity)
