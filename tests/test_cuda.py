@@ -144,15 +144,19 @@ def test_generation_on_the_device_gives_the_tokens_it_gives_on_cpu(name):
 @pytest.mark.parametrize("name", [name for name in LM_MODELS if model(name).static_decoding])
 @pytest.mark.parametrize("rows", [1, 3])
 def test_a_cuda_graph_of_the_static_step_replays_the_eager_static_step(name, rows):
-    """Three rows run in a graph of four (the bucket); positions past chunk boundaries (chunks of 8)."""
+    """Positions past chunk boundaries (chunks of 8); between the replays, a longer stream and a forward with gradients
+    (which replace or drop the operators the mixers cache for their streams: the graph's own must stay)."""
     net = on_device(model(name).double().eval())
     tokens = torch.randint(0, 20, (rows, 40), device=DEVICE)
     with torch.no_grad():
         _, state = net(tokens[:, :5], state=net.init_state(rows, max_length=40), return_state=True)
         graph, eager = (tokenmix.generation.StaticDecoder(net, state, 40, graph=graph) for graph in (True, False))
-        assert graph.state.batch_size == (1 if rows == 1 else 4)
         for t in range(5, 40):
             assert relative_error(graph.step(tokens[:, t]), eager.step(tokens[:, t])) < 1e-12, t
+            if t % 10 == 0:
+                net(torch.randint(0, 20, (1, 300), device=DEVICE), state=net.init_state(1, max_length=600), return_state=True)
+                with torch.enable_grad():
+                    net(tokens).sum().backward()
 
 
 @pytest.mark.parametrize("name", DISTILLABLE)
@@ -235,14 +239,15 @@ def serving():
     return test_serve_engine
 
 
+@pytest.mark.parametrize("decoding", ["stream", "auto"])  # auto on CUDA: static buffers as a CUDA graph per batch
 @pytest.mark.parametrize("name", LM_MODELS)
-def test_every_request_the_engine_serves_on_the_device_equals_generate_alone_there(name, serving):
+def test_every_request_the_engine_serves_on_the_device_equals_generate_alone_there(name, decoding, serving):
     from tokenmix.serve.config import EngineConfig
     from tokenmix.serve.engine import Engine
     from tokenmix.serve.jobs import Sampling
 
     net = on_device(model(name).double().eval())
-    config = EngineConfig(context=serving.CONTEXT, max_batch=16, max_state_memory=10**10, chunk=8, prefix_min=0)
+    config = EngineConfig(context=serving.CONTEXT, max_batch=16, max_state_memory=10**10, chunk=8, prefix_min=0, decoding=decoding)
     engine = Engine(net, serving.TOKEN_BYTES, config)
     jobs = []
     for index, (length, max_tokens) in enumerate([(1, 12), (17, 20), (5, 7), (33, 25), (9, 16), (24, 10)]):
@@ -257,6 +262,6 @@ def test_every_request_the_engine_serves_on_the_device_equals_generate_alone_the
     for job, collected in jobs:
         s = job.sampling
         options = {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "seed": s.seed, "max_length": serving.CONTEXT}
-        alone = tokenmix.generate(net, [torch.tensor(job.prompt, device=DEVICE)] * s.n, s.max_tokens, **options)
+        alone = tokenmix.generate(net, [torch.tensor(job.prompt, device=DEVICE)] * s.n, s.max_tokens, decoding="stream", **options)
         assert [collected.tokens[choice] for choice in range(s.n)] == [tokens.tolist() for tokens in alone]
     assert engine.scheduler.rows == 0 and engine.scheduler.reserved == 0

@@ -37,15 +37,16 @@ def compute_dtype(precision: str) -> torch.dtype:
     return PRECISIONS[check_precision(precision)]
 
 
-def autocast(precision: str, device) -> contextlib.AbstractContextManager:
+def autocast(precision: str, device, cache: bool = True) -> contextlib.AbstractContextManager:
     """``torch.autocast`` to ``precision``'s compute dtype on ``device`` (a device, its name or a tensor
     on it); nothing for "fp32". Parameters keep their dtype: wrap a forward pass (and the loss), not
-    the backward pass or the optimizer step."""
+    the backward pass or the optimizer step. ``cache=False``: no cast of a weight is kept for reuse
+    within the block (a CUDA graph's capture)."""
     check_precision(precision)
     if precision == "fp32":
         return contextlib.nullcontext()
     device_type = device.device.type if isinstance(device, torch.Tensor) else torch.device(device).type
-    return torch.autocast(device_type, dtype=PRECISIONS[precision])
+    return torch.autocast(device_type, dtype=PRECISIONS[precision], cache_enabled=cache)
 
 
 def run_in_inner_precision(inner_precision: str, function, x: torch.Tensor, *args, **kwargs):

@@ -25,19 +25,21 @@ python -c "import torch, triton; print(torch.__version__, torch.version.cuda, tr
 cat "$out/gpu.txt"
 
 # 1. CUDA tests: the fused kernels compiled (not interpreted) against naive and PyTorch's path; CUDA graphs of the
-#    static step against the eager static step; generation with graphs against the CPU's tokens.
-step tests python -m pytest -q -n 4 tests/ops/test_op_forms.py tests/mixers/test_mixer_tno.py tests/test_cuda.py -k "fused or cuda_graph or generation_on_the_device"
+#    static step against the eager static step; generation and the serve engine with graphs against the stream's tokens.
+step tests python -m pytest -q -n 4 tests/ops/test_op_forms.py tests/mixers/test_mixer_tno.py tests/test_cuda.py \
+    -k "fused or proved or cuda_graph or generation_on_the_device or engine_serves"
 
-# 2. The tno mixer against the FFT floor at 4096 and 65536 tokens per batch, bf16: eager with PyTorch's products, eager
-#    with the fused ones, and compiled with CUDA graphs (Inductor compiles PyTorch's path: the fused kernels run eagerly only).
+# 2. The tno mixer against the FFT floor at 4096 and 65536 tokens per batch, bf16, with PyTorch's products and with the
+#    fused ones: eager, then compiled with CUDA graphs (the fused kernels are custom operators inside the graph).
 for kernels in torch fused; do
     bench "tno_bf16_eager_$kernels" --causal yes --kinds mixer --mixers tno --lengths 512,65536 --precision bf16 --kernels "$kernels"
+    bench "tno_bf16_cudagraphs_$kernels" --causal yes --kinds mixer --mixers tno --lengths 512,65536 --precision bf16 --compile \
+        --compile-mode reduce-overhead --kernels "$kernels"
 done
-bench tno_bf16_cudagraphs --causal yes --kinds mixer --mixers tno --lengths 512,65536 --precision bf16 --compile --compile-mode reduce-overhead
 
-# 3. The papers' models against the Transformer, width 512, depth 6, 16384 tokens per step, bf16 with the fused kernels.
-bench models_bf16_fused --causal yes --kinds model --model-dim 512 --depth 6 --batch-tokens 16384 \
-    --models tnn,fd_tnn,ski_tnn,transformer --lengths 2048,16384 --precision bf16 --kernels fused
+# 3. The papers' models against the Transformer, width 512, depth 6, 16384 tokens per step, bf16 compiled, fused kernels.
+bench models_bf16_compiled_fused --causal yes --kinds model --model-dim 512 --depth 6 --batch-tokens 16384 \
+    --models tnn,fd_tnn,ski_tnn,transformer --lengths 2048,16384 --precision bf16 --compile --kernels fused
 
 # 4. One-token decoding at batch 1: the stream's step against the CUDA graph of the static step (static_speedup).
 bench generate_graphs --kinds generate --generate-batch 1 --model-dim 512 --models tnn,fd_tnn,ski_tnn,mega,tcnca,transformer \

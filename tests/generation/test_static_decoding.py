@@ -12,7 +12,7 @@ from conftest import LENGTHS, relative_error
 from test_contracts import CAUSAL, LM_MODELS, mixer, model
 
 from tokenmix.generation import StaticDecoder, generate
-from tokenmix.generation.graphs import batch_bucket, use_static_decoding
+from tokenmix.generation.graphs import use_static_decoding
 
 STATIC_MIXERS = [name for name in CAUSAL if mixer(name, True).static_decoding]
 
@@ -112,14 +112,18 @@ def test_static_decoding_is_chosen_and_refused_with_the_reason():
         generate(tnn, [torch.tensor([1, 2])], 3, decoding="graphs")
 
 
-def test_a_static_decoder_pads_a_graph_batch_to_its_bucket_and_needs_cuda_for_graphs():
-    assert [batch_bucket(rows) for rows in (1, 2, 3, 4, 5, 8, 9, 100)] == [1, 2, 4, 4, 8, 8, 16, 128]
+def test_a_static_decoder_steps_up_to_its_capacity_and_needs_cuda_for_graphs():
     network = model("tnn").eval()
     with torch.no_grad():
-        _, state = network(torch.tensor([[1, 2, 3]] * 3), state=network.init_state(3, max_length=8), return_state=True)
+        _, state = network(torch.tensor([[1, 2, 3]] * 3), state=network.init_state(3, max_length=5), return_state=True)
         with pytest.raises(ValueError, match="CUDA graphs need a model on a CUDA device, got cpu"):
-            StaticDecoder(network, state, 8, graph=True)
-        decoder = StaticDecoder(network, state, 8, graph=False)
-        assert decoder.tokens.shape == (3,) and decoder.step(torch.tensor([4, 5, 6])).shape == (3, network.config.vocab_size)
-        with pytest.raises(ValueError, match="capacity must be an integer >= 3, got 2"):
-            network.static_state(state, 2)
+            StaticDecoder(network, state, 5, graph=True)
+        with pytest.raises(ValueError, match="capacity must be an integer >= 4, got 3"):  # room for one more token at least
+            network.static_state(state, 3)
+        decoder = StaticDecoder(network, state, 5)
+        for tokens in ([4, 5, 6], [7, 8, 9]):
+            assert decoder.step(torch.tensor(tokens)).shape == (3, network.config.vocab_size)
+        with pytest.raises(ValueError, match="the streams have reached the capacity their static buffers were made for"):
+            decoder.step(torch.tensor([1, 1, 1]))
+        with pytest.raises(ValueError, match=r"tokens must be \(batch, 1\) token ids, one per row, got shape \(3, 2\)"):
+            network.static_step(torch.tensor([[1, 2]] * 3), decoder.state)

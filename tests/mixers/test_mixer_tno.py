@@ -154,3 +154,37 @@ def test_a_compiled_tno_runs_the_fused_kernels_in_its_graph(causal, monkeypatch)
     assert [bool(kwargs.get("conjugate")) for kwargs in launches] == [False, True]
     for compiled, eager in zip(got, expected, strict=True):
         assert relative_error(compiled, eager) < 1e-5
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the fused kernels need triton: pip install 'tokenmix[fused]'")
+def test_auto_runs_the_fused_kernels_only_where_they_proved_themselves(monkeypatch):
+    """``fused_ready`` runs one small product both ways on a device, once: here on the CPU through the interpreter; a
+    kernel that fails or disagrees there leaves PyTorch's path in force, with a warning that says why."""
+    monkeypatch.setattr(fused_toeplitz, "_READY", {})
+    assert fused_toeplitz.fused_ready("cpu") and fused_toeplitz._READY == {"cpu": True}
+    launch = fused_toeplitz._launch
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("no such device function")
+
+    def wrong(a, basis, readout, **kwargs):
+        return launch(a, basis, -readout, **kwargs)
+
+    for broken, said in ((failing, "failed on cpu .RuntimeError: no such device function."), (wrong, "differ from PyTorch's path on cpu")):
+        monkeypatch.setattr(fused_toeplitz, "_READY", {})
+        monkeypatch.setattr(fused_toeplitz, "_launch", broken)
+        with pytest.warns(UserWarning, match=f"the fused Toeplitz kernels {said}.*PyTorch's path runs instead"):
+            assert not fused_toeplitz.fused_ready("cpu")
+        assert not fused_toeplitz.fused_ready("cpu")  # asked once
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the fused kernels need triton: pip install 'tokenmix[fused]'")
+def test_the_fused_kernels_custom_operators_pass_opcheck():
+    """What ``torch.compile`` relies on: schemas, fake (shape-only) versions that agree with the kernels, AOT dispatch."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    spectra = [torch.randn(2, 20, 9, dtype=torch.complex64, device=device) for _ in range(2)]
+    basis, readout = torch.randn(4, 9, dtype=torch.complex64, device=device), torch.randn(4, 20, device=device)
+    for conjugate in (False, True):
+        torch.library.opcheck(fused_toeplitz._product_op, (spectra[0], basis, readout, conjugate))
+    for want_product in (False, True):
+        torch.library.opcheck(fused_toeplitz._product_and_sum_op, (*spectra, basis, readout, want_product))

@@ -232,3 +232,10 @@ def test_rotary_scores_depend_on_the_offset_only():
         diagonal = torch.diagonal(scores, offset)
         torch.testing.assert_close(diagonal, diagonal[:1].expand_as(diagonal))
     assert not torch.allclose(torch.diagonal(scores, 0)[:1], torch.diagonal(scores, 3)[:1])
+
+
+def test_rotary_with_an_offset_per_row_places_each_row_as_its_own_int_offset():
+    x = torch.randn(3, 2, 5, 8, dtype=torch.float64)  # (batch, heads, n, width)
+    offsets = torch.tensor([0, 7, 1000])
+    expected = torch.stack([rotary(x[row], int(offset)) for row, offset in enumerate(offsets)])
+    torch.testing.assert_close(rotary(x, offsets), expected, rtol=0, atol=1e-12)

@@ -304,7 +304,7 @@ def _generate_reading(records: list[dict]) -> list[str]:
         lines.append(f"{line}; the state, {states}.")
         speedups = ", ".join(f"{r['length']}: {r['static_speedup']:.3g}x" for r in rows if r.get("static_speedup") is not None)
         if speedups:
-            how = "a CUDA graph" if first["device"] == "cuda" else "eager"
+            how = "a CUDA graph" if str(first["device"]).startswith("cuda") else "eager"
             lines.append(f"{name}: the static step ({how}) against the stream step, by position: {speedups}.")
         ratios = ", ".join(f"{r['length']}: {r['recompute_ratio']:.3g}x" for r in rows if r["recompute_ratio"] is not None)
         skipped = ", ".join(str(r["length"]) for r in rows if r["recompute_skipped"])

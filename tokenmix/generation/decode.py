@@ -61,13 +61,14 @@ class _StaticSteps:
     """A ``StaticDecoder``; rows that end stay in its batch, their logits unread."""
 
     def __init__(self, decoder: StaticDecoder):
-        self.decoder, self.live = decoder, torch.arange(decoder.rows, device=decoder.tokens.device)
+        self.decoder, self.live = decoder, list(range(decoder.rows))
 
     def keep(self, slots: list[int]) -> None:
-        self.live = self.live[slots]
+        self.live = [self.live[slot] for slot in slots]
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
-        every = torch.zeros(self.decoder.rows, dtype=torch.long, device=tokens.device).index_copy_(0, self.live, tokens)
+        every = torch.zeros(self.decoder.rows, dtype=torch.long, device=tokens.device)
+        every[self.live] = tokens
         return self.decoder.step(every)[self.live]
 
 
@@ -118,7 +119,7 @@ def generate(
     lengths = [prompt.numel() for prompt in prompts]
     new: list[list[int]] = [[] for _ in prompts]
     shared = min(lengths)
-    static = use_static_decoding(model, decoding, device)
+    static = use_static_decoding(model, decoding, device) and max_new_tokens > 0  # no step, no buffers
     state = model.init_state(len(prompts), max_length=max_length or longest, device=device)
     logits, state = model(torch.stack([prompt[:shared] for prompt in prompts]).to(device), state=state, return_state=True)
     logits, left = logits[:, -1], [length - shared + max_new_tokens - 1 for length in lengths]  # a row's last token is not read

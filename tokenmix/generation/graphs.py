@@ -2,19 +2,17 @@
 
 A model whose every part decodes from static buffers (``SequenceModel.static_decoding``) steps one
 token per row from buffers made once for the whole stream (``static_state``, ``static_step``): the
-same kernels at every position, nothing read back from the device. On CUDA, ``StaticDecoder``
-captures that step once as a CUDA graph, the token ids in a static input buffer and the logits in a
-static output, and replays it for every token: one launch where eager decoding at a small batch
-spends its time launching dozens of small kernels. The batch is padded to a bucket (1, 2, 4, 8, ...
-rows), so a server can keep a graph per bucket. On the CPU, or with ``graph=False``, the same step
-runs eagerly: the path the tests hold to ``step``.
+same kernels at every position, nothing read back from the device. On CUDA, ``StepGraph`` captures
+that step once as a CUDA graph, the token ids in a static input buffer and the logits in a static
+output, and replays it for every token: one launch where eager decoding at a small batch spends its
+time launching dozens of small kernels. ``generate`` captures one graph for its batch; the server one
+per batch of rows (a cohort), captured again when rows are dropped or appended (a row joining a hole
+is written in place). On the CPU the same step runs eagerly: the path the tests hold to ``step``.
 """
 
 from __future__ import annotations
 
 import torch
-
-from ..validation import check_int
 
 DECODINGS = ("auto", "static", "stream")
 
@@ -36,61 +34,59 @@ def use_static_decoding(model, decoding: str, device: torch.device) -> bool:
     return decoding == "static" or (decoding == "auto" and device.type == "cuda" and model.static_decoding)
 
 
-def batch_bucket(rows: int) -> int:
-    """The batch size a graph is captured for: the power of two at or above ``rows``."""
-    check_int(rows, "rows")
-    return 1 << (rows - 1).bit_length()
-
-
 class StepGraph:
     """``model.static_step`` on the buffers of the static ``state`` captured as one CUDA graph: ``step(tokens)`` writes
-    the ids into the graph's input buffer and replays it. The parts' operators the step reads (a Toeplitz mixer's
-    cached taps) must stay as they are while the graph lives: the weights must not change."""
+    the ids into the graph's input buffer and replays it. The graph keeps the state's tensors (it reads and writes
+    them); the parts' operators it reads (a Toeplitz mixer's static taps) must stay: the weights must not change."""
 
+    @torch.no_grad()
     def __init__(self, model, state):
         device = next(model.parameters()).device
         if device.type != "cuda":
             raise ValueError(f"CUDA graphs need a model on a CUDA device, got {device}")
-        self.buffers = [tensor.data_ptr() for tensor in state.tensors()]
+        self.buffers = state.tensors()
         self.tokens = torch.zeros(state.batch_size, 1, dtype=torch.long, device=device)
-        side = torch.cuda.Stream()  # one eager step first, on a copy: it fills the caches the graph then reads
+        side = torch.cuda.Stream()  # one eager step first, of one row's copy: it fills the caches the graph then reads
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            model.static_step(self.tokens, state.to())
+            model.static_step(self.tokens[:1], state.select([0]))
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.logits = model.static_step(self.tokens, state)
 
     def captured_on(self, state) -> bool:
-        """Whether ``state`` holds the buffers the graph was captured on (a ``select`` or ``concat`` makes new ones;
-        ``assign`` writes rows in place)."""
-        return [tensor.data_ptr() for tensor in state.tensors()] == self.buffers
+        """Whether ``state`` holds the very tensors the graph was captured on (a ``select`` or ``concat`` makes new
+        ones; ``assign`` writes rows in place)."""
+        tensors = state.tensors()
+        return len(tensors) == len(self.buffers) and all(mine is theirs for mine, theirs in zip(tensors, self.buffers, strict=True))
 
+    @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits (batch, vocab) after ``tokens`` (batch,): the graph's output buffer, overwritten by the next replay."""
+        """Logits (batch, vocab) after ``tokens`` (batch,), a copy of the graph's output buffer."""
         self.tokens[:, 0].copy_(tokens)
         self.graph.replay()
-        return self.logits
+        return self.logits.clone()
 
 
 class StaticDecoder:
     """Steps the ``state`` of ``model``'s streams (every row read to the same position) on, one token per row per
     ``step``, up to ``capacity`` tokens in all, from static buffers; with ``graph`` (CUDA only; default: on a model on
-    CUDA), as a ``StepGraph`` of a bucket's rows (the extra rows repeat the first stream; their logits are not returned)."""
+    CUDA) as a ``StepGraph``."""
 
+    @torch.no_grad()
     def __init__(self, model, state, capacity: int, graph: bool | None = None):
-        self.model, self.rows = model, state.batch_size
+        self.model, self.rows, self.left = model, state.batch_size, capacity - state.position
         graph = next(model.parameters()).device.type == "cuda" if graph is None else graph
-        bucket = batch_bucket(self.rows) if graph else self.rows
-        padded = state if bucket == self.rows else state.select(list(range(self.rows)) + [0] * (bucket - self.rows))
-        self.state = model.static_state(padded, capacity)
+        self.state = model.static_state(state, capacity)
         self.graph = StepGraph(model, self.state) if graph else None
-        self.tokens = torch.zeros(bucket, dtype=torch.long, device=next(model.parameters()).device)
 
+    @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits (rows, vocab) of the token after ``tokens`` (rows,) in every stream."""
-        self.tokens[: self.rows] = tokens
+        if self.left < 1:
+            raise ValueError("the streams have reached the capacity their static buffers were made for")
+        self.left -= 1
         if self.graph is None:
-            return self.model.static_step(self.tokens[:, None], self.state)[: self.rows]
-        return self.graph.step(self.tokens)[: self.rows]
+            return self.model.static_step(tokens[:, None], self.state)
+        return self.graph.step(tokens)

@@ -285,7 +285,7 @@ def check_static_decoding(part) -> None:
     if not part.static_decoding:
         raise ValueError(
             f"{type(part).__name__} does not decode from static buffers (static_decoding=False): decode it with step(), "
-            "or generate with graphs='off'"
+            "or generate with decoding='stream'"
         )
 
 

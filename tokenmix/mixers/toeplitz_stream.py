@@ -131,10 +131,18 @@ class ToeplitzStreaming:
         """y_t = sum_s t_{t-s} x_s over the whole buffer, x written at each row's position t first (``Mixer.static_step``)."""
         return self.in_inner_precision(self._direct_step, x, state)
 
+    def static_taps(self, capacity: int, horizon: int, device, dtype: torch.dtype) -> torch.Tensor:
+        """Taps for lags 0 ... capacity - 1, cached apart from the stream's tiles (which a longer stream replaces) while
+        the weights stay: a CUDA graph of the static step reads them for as long as it lives."""
+        if "_static_taps" not in self.__dict__:
+            self.__dict__["_static_taps"] = Cache(HORIZONS_KEPT)
+        key = (capacity, horizon if self.taps_depend_on_length else None, str(device), dtype)
+        return self.__dict__["_static_taps"].get(key, lambda: self.stream_taps(capacity, horizon).to(device, dtype), weights=self)
+
     def _direct_step(self, x: torch.Tensor, state: StaticToeplitzState) -> torch.Tensor:
         inputs, position = state.inputs, state.position
         capacity = inputs.shape[1]
-        taps = self._tile_kernels(capacity, state.horizon, x.device, inputs.dtype).taps
+        taps = self.static_taps(capacity, state.horizon, x.device, inputs.dtype)
         inputs[torch.arange(inputs.shape[0], device=x.device), position] = x[:, 0].to(inputs.dtype)
         lags = (position[:, None] - torch.arange(capacity, device=x.device)).clamp_(min=0)  # inputs past t are zeros
         y = (inputs * taps[lags]).sum(1)

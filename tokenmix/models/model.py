@@ -197,14 +197,18 @@ class SequenceModel(nn.Module):
             return self.final_norm(x), None
         if run is not None and not self.recurrent:
             raise ValueError("a stream (state) of this model runs in one process: only segment-recurrent models split a stream")
-        check_state(state, ModelState, None, None, f"model {self.config.name!r}")  # the blocks' parts check batch and dtype
-        if state.model != self.signature:
-            raise ValueError(f"state was made by another model; expected one from this {self.config.name!r} model's init_state")
+        self._check_state(state)  # the blocks' parts check batch and dtype
         blocks = []
         for block, block_state in zip(self.blocks, state.blocks, strict=True):
             x, block_state = self._run_block(block.step, x, block_state, local(mask), *parts)
             blocks.append(block_state)
         return self.final_norm(x), ModelState(blocks, state.position + tokens.shape[1], state.model)
+
+    def _check_state(self, state) -> None:
+        """ValueError unless ``state`` is a ``ModelState`` this model made."""
+        check_state(state, ModelState, None, None, f"model {self.config.name!r}")
+        if state.model != self.signature:
+            raise ValueError(f"state was made by another model; expected one from this {self.config.name!r} model's init_state")
 
     @property
     def static_decoding(self) -> bool:
@@ -217,10 +221,8 @@ class SequenceModel(nn.Module):
         ``static_step``. Its buffers count the positions, on the device; its ``position`` is 0 (so streams at any
         positions can share a batch of static buffers)."""
         check_static_decoding(self)
-        check_state(state, ModelState, None, None, f"model {self.config.name!r}")
-        if state.model != self.signature:
-            raise ValueError(f"state was made by another model; expected one from this {self.config.name!r} model's init_state")
-        check_int(capacity, "capacity", minimum=max(1, state.position))
+        self._check_state(state)
+        check_int(capacity, "capacity", minimum=state.position + 1)
         blocks = [block.static_state(part, capacity) for block, part in zip(self.blocks, state.blocks, strict=True)]
         return ModelState(blocks, 0, state.model)
 
@@ -228,7 +230,9 @@ class SequenceModel(nn.Module):
         """Logits (batch, vocab) of each row's next token after ``tokens`` (batch, 1), ``state`` (``static_state``'s)
         updated in place: the same kernels at every position and nothing read back from the device (the ids are not
         checked against the vocabulary here), so a CUDA graph replays it. A row must not pass the capacity."""
-        with autocast(self.precision, tokens.device):
+        if tokens.dim() != 2 or tokens.shape[1] != 1:
+            raise ValueError(f"tokens must be (batch, 1) token ids, one per row, got shape {tuple(tokens.shape)}")
+        with autocast(self.precision, tokens.device, cache=False):  # a graph must not read casts cached outside it
             x = self.embed(tokens)
             for block, block_state in zip(self.blocks, state.blocks, strict=True):
                 x = block.static_step(x, block_state)

@@ -48,7 +48,7 @@ def rotary(x: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
     frequencies = torch.exp(torch.arange(0, e, 2, device=x.device, dtype=torch.float64) * (-math.log(10000.0) / e))
     positions = torch.arange(n, device=x.device, dtype=torch.float64)
     positions = positions + (offset.to(x.device, torch.float64)[:, None, None] if isinstance(offset, torch.Tensor) else offset)
-    angles = positions[:, None] * frequencies
+    angles = positions[..., None] * frequencies  # (n, e / 2), or (batch, 1, n, e / 2) for per-row offsets
     angles = angles if x.dtype == torch.float64 else angles.float()
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     even, odd = x[..., 0::2], x[..., 1::2]

@@ -31,6 +31,7 @@ import contextlib
 import functools
 import importlib.util
 import os
+import warnings
 
 import torch
 
@@ -70,14 +71,51 @@ def interpreted() -> bool:
 
 
 def fused_wanted(x: torch.Tensor) -> bool:
-    """Whether a factored product of x runs the fused kernel under the current ``kernels()`` choice."""
+    """Whether a factored product of x runs the fused kernel under the current ``kernels()`` choice ("auto": on a CUDA
+    tensor where triton imports and the kernel proved itself there, ``fused_ready``)."""
     choice = kernel_choice()
     if choice == "torch":
         return False
     if choice == "fused":
         check_fused_device(x.device)
         return True
-    return x.is_cuda and triton_available()
+    return x.is_cuda and triton_available() and fused_ready(x.device)
+
+
+_READY: dict[str, bool] = {}  # by device: whether the kernel ran there and agreed with PyTorch's path
+
+
+def fused_ready(device) -> bool:
+    """Whether the kernel runs on ``device`` and agrees with PyTorch's path, found on first asking by one small factored
+    product, forward and backward, both ways; where it fails or disagrees, a warning, and PyTorch's path from then on.
+    Inside ``torch.compile``, what an eager call found before (else no: ``compile_blocks`` asks first)."""
+    key = str(torch.device(device))
+    if key not in _READY and not torch.compiler.is_compiling():
+        _READY[key] = _agrees_with_torch(torch.device(device))
+    return _READY.get(key, False)
+
+
+def _agrees_with_torch(device: torch.device) -> bool:
+    from .toeplitz import factored_spectral_matvec, fused_factored_spectral_matvec  # ops/toeplitz.py imports this module
+
+    generator = torch.Generator().manual_seed(0)
+    x, basis, readout = (torch.randn(shape, generator=generator) for shape in ((3, 100, 40), (5, 129, 2), (5, 40)))
+    results, fallback = [], "PyTorch's path runs instead"
+    try:
+        for matvec in (factored_spectral_matvec, fused_factored_spectral_matvec):
+            inputs = [tensor.to(device).requires_grad_() for tensor in (x, torch.view_as_complex(basis), readout)]
+            with torch.enable_grad():
+                y = matvec(*inputs, 256)
+                results.append([y.detach(), *torch.autograd.grad(y.square().sum(), inputs)])
+    except Exception as error:  # noqa: BLE001 - whatever stops a kernel that never ran here, PyTorch's path runs instead
+        warnings.warn(f"the fused Toeplitz kernels failed on {device} ({type(error).__name__}: {error}); {fallback}", stacklevel=3)
+        return False
+    worst = max(float((got - expected).norm() / expected.norm()) for got, expected in zip(*results, strict=True))
+    if worst > 1e-4:
+        warnings.warn(
+            f"the fused Toeplitz kernels differ from PyTorch's path on {device} (relative error {worst:.3g}); {fallback}", stacklevel=3
+        )
+    return worst <= 1e-4
 
 
 def check_fused_device(device) -> None:
@@ -158,12 +196,13 @@ def _launch(a, basis, readout, *, conjugate=False, product=None, x=None) -> torc
     block_c = min(_BLOCK_CHANNELS, triton.next_power_of_2(channels))
     block_f = min(_BLOCK_FREQUENCIES, triton.next_power_of_2(frequencies))
     grid = (triton.cdiv(channels, block_c), triton.cdiv(frequencies, block_f))
-    kernel[grid](
-        a_view, real(x), real(product), real(total), real(basis), readout,
-        batch, channels, frequencies, readout.shape[0], a_view.stride(0), a_view.stride(1), real(basis).stride(0),
-        readout.stride(0), readout.stride(1),
-        CONJUGATE=conjugate, PRODUCT=product is not None, SUM=x is not None, BLOCK_C=block_c, BLOCK_F=block_f,
-    )  # fmt: skip
+    with torch.cuda.device(a.device) if a.is_cuda else contextlib.nullcontext():  # Triton launches on the current device
+        kernel[grid](
+            a_view, real(x), real(product), real(total), real(basis), readout,
+            batch, channels, frequencies, readout.shape[0], a_view.stride(0), a_view.stride(1), real(basis).stride(0),
+            readout.stride(0), readout.stride(1),
+            CONJUGATE=conjugate, PRODUCT=product is not None, SUM=x is not None, BLOCK_C=block_c, BLOCK_F=block_f,
+        )  # fmt: skip
     return total
 
 
@@ -177,19 +216,19 @@ def _contiguous_spectrum(name: str, spectrum: torch.Tensor) -> torch.Tensor:
 # compiled blocks run the kernels too, Inductor fusing the real-valued work around them (it generates no code for complex
 # tensors). They are functional (a new output); eagerly the kernels write over their input where it is not needed again.
 @torch.library.custom_op("tokenmix::fused_factored_multiply", mutates_args=())
-def _multiply(spectrum: torch.Tensor, basis: torch.Tensor, readout: torch.Tensor, conjugate: bool) -> torch.Tensor:
+def _product_op(spectrum: torch.Tensor, basis: torch.Tensor, readout: torch.Tensor, conjugate: bool) -> torch.Tensor:
     product = torch.empty_like(spectrum)
     _launch(spectrum, basis, readout, conjugate=conjugate, product=product)
     return product
 
 
-@_multiply.register_fake
+@_product_op.register_fake
 def _(spectrum, basis, readout, conjugate):
     return torch.empty_like(spectrum)
 
 
 @torch.library.custom_op("tokenmix::fused_factored_backward", mutates_args=())
-def _product_and_sum(
+def _product_and_sum_op(
     grad: torch.Tensor, spectrum: torch.Tensor, basis: torch.Tensor, readout: torch.Tensor, want_product: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     product = torch.empty_like(grad) if want_product else None
@@ -197,7 +236,7 @@ def _product_and_sum(
     return grad.new_empty(0) if product is None else product, total
 
 
-@_product_and_sum.register_fake
+@_product_and_sum_op.register_fake
 def _(grad, spectrum, basis, readout, want_product):
     return torch.empty_like(grad) if want_product else grad.new_empty(0), grad.new_empty(grad.shape[1:])
 
@@ -208,7 +247,7 @@ def fused_factored_multiply(spectrum: torch.Tensor, basis: torch.Tensor, readout
     check_fused_device(spectrum.device)
     spectrum = _contiguous_spectrum("spectrum", spectrum)
     if torch.compiler.is_compiling() or not in_place:
-        return _multiply(spectrum, basis, readout, False)
+        return _product_op(spectrum, basis, readout, False)
     _launch(spectrum, basis, readout, product=spectrum)
     return spectrum
 
@@ -223,9 +262,9 @@ def fused_factored_backward(
     x = _contiguous_spectrum("spectrum", spectrum).to(grad.dtype) if want_sum else None
     if torch.compiler.is_compiling():
         if want_sum:
-            product, total = _product_and_sum(grad, x, basis, readout, want_product)
+            product, total = _product_and_sum_op(grad, x, basis, readout, want_product)
             return product if want_product else None, total
-        return _multiply(grad, basis, readout, True) if want_product else None, None
+        return _product_op(grad, basis, readout, True) if want_product else None, None
     if not (want_product or want_sum):
         return None, None
     total = _launch(grad, basis, readout, conjugate=True, product=grad if want_product else None, x=x)
@@ -241,5 +280,5 @@ class FusedFactoredProduct:
         return fused_factored_multiply(spectrum, basis, readout, in_place), None
 
     @staticmethod
-    def backward(grad, spectrum, basis, readout, saved, want_product, want_sum):
-        return fused_factored_backward(grad, spectrum, basis, readout, want_product, want_sum)
+    def backward(grad, x_freq, basis, readout, saved, want_product, want_sum):
+        return fused_factored_backward(grad, x_freq, basis, readout, want_product, want_sum)

@@ -56,7 +56,7 @@ class ModelRunner:
         logits = torch.cat([part for _, part in parts])
         cohort = step.cohort
         if step.reset:
-            cohort.state = cohort.logits = None
+            cohort.state = cohort.logits = cohort.graph = None
         if step.slots:
             taken = len(step.slots)
             cohort.state = cohort.state.assign(step.slots, state.select(list(range(taken))))
@@ -78,7 +78,7 @@ class ModelRunner:
             inputs[slot] = token
         if step.keep is not None:
             inputs = [inputs[index] for index in step.keep]
-            cohort.state = cohort.state.select(step.keep) if step.keep else None
+            cohort.state, cohort.graph = cohort.state.select(step.keep) if step.keep else None, None  # the graph's buffers go
             cohort.logits = cohort.logits[step.keep] if step.keep else None
         if inputs and self.static:
             cohort.logits = self.static_step(cohort, torch.tensor(inputs, device=self.device))
@@ -96,7 +96,7 @@ class ModelRunner:
         if cohort.graph is None or not cohort.graph.captured_on(cohort.state):
             cohort.graph = None  # the old graph's memory goes back first
             cohort.graph = StepGraph(self.model, cohort.state)
-        return cohort.graph.step(tokens).clone()  # the graph's output buffer is the next replay's
+        return cohort.graph.step(tokens)
 
     def read(self, step: ChunkStep) -> None:
         """The prefill's next chunk: its first makes the state (past the padding every row has), a new
