@@ -21,8 +21,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .ops.fused_toeplitz import fused_ready, triton_available
-
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
@@ -40,10 +38,6 @@ def compile_forward(module: nn.Module, *, mode: str = "default", backend: str = 
 
 
 def compile_blocks(model: nn.Module, *, mode: str = "default", backend: str = "inductor") -> None:
-    """Compile every block of ``model`` (a ``SequenceModel``) in place (``compile_forward``); on CUDA, after looking
-    eagerly whether the fused Toeplitz kernels run there (``ops.fused_toeplitz.fused_ready``: the graphs then use them)."""
-    device = next(model.parameters()).device
-    if device.type == "cuda" and triton_available():
-        fused_ready(device)
+    """Compile every block of ``model`` (a ``SequenceModel``) in place (``compile_forward``)."""
     for block in model.blocks:
         compile_forward(block, mode=mode, backend=backend)

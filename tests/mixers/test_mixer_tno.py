@@ -6,7 +6,7 @@ from conftest import LENGTHS, relative_error
 
 import tokenmix
 from tokenmix.mixers.tno import Tno, TnoOptions
-from tokenmix.ops import fused_toeplitz, naive_toeplitz_matvec
+from tokenmix.ops import fused_toeplitz, naive_toeplitz_matvec, toeplitz
 from tokenmix.ops.fused_toeplitz import kernels
 
 
@@ -160,8 +160,8 @@ def test_a_compiled_tno_runs_the_fused_kernels_in_its_graph(causal, monkeypatch)
 def test_auto_runs_the_fused_kernels_only_where_they_proved_themselves(monkeypatch):
     """``fused_ready`` runs one small product both ways on a device, once: here on the CPU through the interpreter; a
     kernel that fails or disagrees there leaves PyTorch's path in force, with a warning that says why."""
-    monkeypatch.setattr(fused_toeplitz, "_READY", {})
-    assert fused_toeplitz.fused_ready("cpu") and fused_toeplitz._READY == {"cpu": True}
+    monkeypatch.setattr(toeplitz, "_READY", {})
+    assert toeplitz.fused_ready("cpu") and toeplitz._READY == {"cpu": True}
     launch = fused_toeplitz._launch
 
     def failing(*args, **kwargs):
@@ -171,11 +171,11 @@ def test_auto_runs_the_fused_kernels_only_where_they_proved_themselves(monkeypat
         return launch(a, basis, -readout, **kwargs)
 
     for broken, said in ((failing, "failed on cpu .RuntimeError: no such device function."), (wrong, "differ from PyTorch's path on cpu")):
-        monkeypatch.setattr(fused_toeplitz, "_READY", {})
+        monkeypatch.setattr(toeplitz, "_READY", {})
         monkeypatch.setattr(fused_toeplitz, "_launch", broken)
         with pytest.warns(UserWarning, match=f"the fused Toeplitz kernels {said}.*PyTorch's path runs instead"):
-            assert not fused_toeplitz.fused_ready("cpu")
-        assert not fused_toeplitz.fused_ready("cpu")  # asked once
+            assert not toeplitz.fused_ready("cpu")
+        assert not toeplitz.fused_ready("cpu")  # asked once
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the fused kernels need triton: pip install 'tokenmix[fused]'")

@@ -18,6 +18,7 @@ from ..models.config import ModelConfig
 from ..models.model import SequenceModel
 from ..models.registry import list_models, model_spec, resolve_model
 from ..ops.fused_toeplitz import KERNELS, check_fused_device
+from ..ops.toeplitz import probe_fused_kernels
 from ..precision import check_precision, compute_dtype
 
 TRAINING_KINDS = ("mixer", "layer", "model")
@@ -93,6 +94,7 @@ class Case:
             length = self.length + (self.kind == "generate")  # generate: the prompt and the next token
             inputs = torch.randint(0, MODEL_VOCAB, (self.batch, length), device=device)
             if self.compile:
+                probe_fused_kernels(device)
                 compile_blocks(module, mode=self.compile_mode)
         else:
             if self.kind in MIXER_KINDS:
@@ -104,6 +106,7 @@ class Case:
             if self.kind in ("mixer", "precision") and self.precision != "fp32":
                 inputs = inputs.to(compute_dtype(self.precision))
             if self.compile:
+                probe_fused_kernels(device)
                 compile_forward(module, mode=self.compile_mode)
         return module.to(device=device, dtype=dtype), inputs
 

@@ -23,8 +23,14 @@ from torch import nn
 
 from ..fields import Flag, Number, setting
 from ..ops.fft import convolution_fft_size
-from ..ops.fused_toeplitz import fused_wanted
-from ..ops.toeplitz import complex_readout, factored_spectral_matvec, fused_factored_spectral_matvec, spectral_matvec, toeplitz_spectrum
+from ..ops.toeplitz import (
+    complex_readout,
+    factored_spectral_matvec,
+    fused_factored_spectral_matvec,
+    fused_wanted,
+    spectral_matvec,
+    toeplitz_spectrum,
+)
 from ..options import Options
 from .base import PADDING_SIDES, ChannelSliced, Mixer, ToeplitzOperator
 from .cache import Cache

@@ -31,7 +31,6 @@ import contextlib
 import functools
 import importlib.util
 import os
-import warnings
 
 import torch
 
@@ -68,54 +67,6 @@ def triton_available() -> bool:
 def interpreted() -> bool:
     """Whether Triton runs its kernels in its interpreter (TRITON_INTERPRET=1: on CPU tensors, slowly; for tests)."""
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-
-
-def fused_wanted(x: torch.Tensor) -> bool:
-    """Whether a factored product of x runs the fused kernel under the current ``kernels()`` choice ("auto": on a CUDA
-    tensor where triton imports and the kernel proved itself there, ``fused_ready``)."""
-    choice = kernel_choice()
-    if choice == "torch":
-        return False
-    if choice == "fused":
-        check_fused_device(x.device)
-        return True
-    return x.is_cuda and triton_available() and fused_ready(x.device)
-
-
-_READY: dict[str, bool] = {}  # by device: whether the kernel ran there and agreed with PyTorch's path
-
-
-def fused_ready(device) -> bool:
-    """Whether the kernel runs on ``device`` and agrees with PyTorch's path, found on first asking by one small factored
-    product, forward and backward, both ways; where it fails or disagrees, a warning, and PyTorch's path from then on.
-    Inside ``torch.compile``, what an eager call found before (else no: ``compile_blocks`` asks first)."""
-    key = str(torch.device(device))
-    if key not in _READY and not torch.compiler.is_compiling():
-        _READY[key] = _agrees_with_torch(torch.device(device))
-    return _READY.get(key, False)
-
-
-def _agrees_with_torch(device: torch.device) -> bool:
-    from .toeplitz import factored_spectral_matvec, fused_factored_spectral_matvec  # ops/toeplitz.py imports this module
-
-    generator = torch.Generator().manual_seed(0)
-    x, basis, readout = (torch.randn(shape, generator=generator) for shape in ((3, 100, 40), (5, 129, 2), (5, 40)))
-    results, fallback = [], "PyTorch's path runs instead"
-    try:
-        for matvec in (factored_spectral_matvec, fused_factored_spectral_matvec):
-            inputs = [tensor.to(device).requires_grad_() for tensor in (x, torch.view_as_complex(basis), readout)]
-            with torch.enable_grad():
-                y = matvec(*inputs, 256)
-                results.append([y.detach(), *torch.autograd.grad(y.square().sum(), inputs)])
-    except Exception as error:  # noqa: BLE001 - whatever stops a kernel that never ran here, PyTorch's path runs instead
-        warnings.warn(f"the fused Toeplitz kernels failed on {device} ({type(error).__name__}: {error}); {fallback}", stacklevel=3)
-        return False
-    worst = max(float((got - expected).norm() / expected.norm()) for got, expected in zip(*results, strict=True))
-    if worst > 1e-4:
-        warnings.warn(
-            f"the fused Toeplitz kernels differ from PyTorch's path on {device} (relative error {worst:.3g}); {fallback}", stacklevel=3
-        )
-    return worst <= 1e-4
 
 
 def check_fused_device(device) -> None:

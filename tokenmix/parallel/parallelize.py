@@ -20,6 +20,7 @@ from torch import nn
 
 from ..compilation import compile_blocks
 from ..models.model import SequenceModel
+from ..ops.toeplitz import probe_fused_kernels
 from .context import ContextParallel
 from .dims import ParallelDims
 from .fsdp import shard_model
@@ -72,7 +73,9 @@ def apply_activation_checkpointing(model: SequenceModel, enabled: bool) -> None:
 
 
 def apply_compile(model: SequenceModel) -> None:
-    """Each block's forward compiled (``compile_blocks``); the model's input checks stay eager."""
+    """Each block's forward compiled (``compile_blocks``), the fused Toeplitz kernels probed first; the model's input
+    checks stay eager."""
+    probe_fused_kernels(next(model.parameters()).device)
     compile_blocks(model)
 
 

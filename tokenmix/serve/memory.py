@@ -19,16 +19,15 @@ class StateSizes:
     def __init__(self, model, context: int, device, static: bool = False):
         self.context = context
         self.bounds: list[tuple[int, int]] = []
-        length = 1
+        fixed, length = 0, 1  # fixed: the static buffers' bytes, the same at every position
         with torch.no_grad():
             while True:
                 length = min(length, context)
                 state = model.init_state(1, max_length=context, device=device)
                 _, state = model(torch.zeros(1, length, dtype=torch.long, device=device), state=state, return_state=True)
-                nbytes = state.nbytes()
-                if static:
-                    nbytes = max(nbytes, model.static_state(state, context).nbytes())
-                self.bounds.append((length, nbytes))
+                if static and not fixed:
+                    fixed = model.static_state(state, context).nbytes()
+                self.bounds.append((length, max(state.nbytes(), fixed)))
                 if length == context:
                     break
                 length *= 2
