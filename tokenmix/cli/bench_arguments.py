@@ -149,7 +149,8 @@ def add_execution(parser) -> None:
         type=Choice(list(KERNELS)),
         default="auto",
         help="the factored Toeplitz products of tno, fd_tno and causal ski_tno in training: auto (the fused Triton kernels on "
-        "CUDA when triton imports, else PyTorch's), torch (PyTorch's, to compare) or fused (docs/training.md; default: auto)",
+        "CUDA where triton imports and they passed their probe, else PyTorch's), torch (PyTorch's, to compare) or fused "
+        "(docs/training.md; default: auto)",
     )
     group.add_argument("--threads", type=Integer(1), default=torch.get_num_threads(), help="torch CPU threads (default: all cores)")
     group.add_argument(
