@@ -66,6 +66,27 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).detach().norm() / b.detach().norm().clamp_min(1e-30))
 
 
+# Tensor factories: one that names no device in a captured graph makes its tensor on the host, whatever device the
+# module runs on; on a GPU its copy to the device waits for every kernel queued before it, and a CUDA graph cannot
+# capture it.
+FACTORIES = {
+    torch.tensor, torch.as_tensor, torch.scalar_tensor, torch.arange, torch.zeros, torch.ones, torch.full, torch.empty,
+    torch.eye, torch.linspace, torch.rand, torch.randn, torch.randint,
+}  # fmt: skip
+
+
+def host_made_tensors(graph: torch.fx.GraphModule) -> list[str]:
+    """The source lines where a graph captured by ``torch.compile`` (its subgraphs included, such as a custom autograd
+    Function's backward) makes a tensor without naming its device."""
+    found = []
+    for module in graph.modules():
+        if isinstance(module, torch.fx.GraphModule):
+            for node in module.graph.nodes:
+                if node.op == "call_function" and node.target in FACTORIES and "device" not in node.kwargs:
+                    found.append(node.meta.get("stack_trace", "").strip().splitlines()[-2:])
+    return found
+
+
 def assert_causal_gradient(grad: torch.Tensor, position: int, tolerance: float = 1e-12) -> None:
     """Gradient of output ``position`` w.r.t. a (batch, length, ...) input: none toward the future.
 

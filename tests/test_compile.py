@@ -13,7 +13,7 @@ import json
 
 import pytest
 import torch
-from conftest import LENGTHS, TINY_RUN, relative_error
+from conftest import LENGTHS, TINY_RUN, host_made_tensors, relative_error
 from test_contracts import MODES, SMALL, mixer
 from torch._dynamo.backends.registry import lookup_backend
 from torch._dynamo.utils import counters
@@ -86,13 +86,14 @@ def shared_lengths(module: torch.nn.Module) -> tuple[int, ...]:
     return ONE_GRID_LENGTHS if on_a_grid else SHARED_LENGTHS
 
 
-def first_graph_through_aot_autograd():
+def first_graph_through_aot_autograd(host_made: list):
     """A backend: the first graph captured runs as AOTAutograd traces its forward and backward ("aot_eager"), the
-    later ones as captured ("eager")."""
+    later ones as captured ("eager"); where each makes a tensor on the host goes to ``host_made``."""
     graphs = []
 
     def backend(graph: torch.fx.GraphModule, example_inputs):
         graphs.append(graph)
+        host_made.extend(host_made_tensors(graph))
         return lookup_backend("aot_eager")(graph, example_inputs) if len(graphs) == 1 else graph.forward
 
     return backend
@@ -100,17 +101,18 @@ def first_graph_through_aot_autograd():
 
 def check_compiled(module: torch.nn.Module, dim: int, lengths: tuple[int, ...] = ()) -> None:
     """``module`` compiled gives its eager output and gradients at three shared lengths, compiling twice over
-    them (the first length's shape, its backward traced by AOTAutograd, then one graph with the length
-    symbolic), and at ``lengths``."""
+    symbolic), and at ``lengths``; its graphs make no tensor on the host (``host_made_tensors``)."""
     torch._dynamo.reset()
     counters.clear()
-    compiled = compile_forward(copy.deepcopy(module), backend=first_graph_through_aot_autograd())
+    host_made = []
+    compiled = compile_forward(copy.deepcopy(module), backend=first_graph_through_aot_autograd(host_made))
     shared = shared_lengths(module)
     for index, n in enumerate(shared + tuple(n for n in lengths if n not in shared)):
         assert_same(compiled, module, n, dim)
         if index == len(shared) - 1:
             assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
     assert counters["aot_autograd"]["ok"] == 1, dict(counters["aot_autograd"])
+    assert not host_made, host_made
 
 
 @pytest.mark.slow

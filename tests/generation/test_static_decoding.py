@@ -8,7 +8,7 @@ it as one on a GPU).
 
 import pytest
 import torch
-from conftest import LENGTHS, relative_error
+from conftest import LENGTHS, host_made_tensors, relative_error
 from test_contracts import CAUSAL, LM_MODELS, mixer, model
 
 from tokenmix.generation import StaticDecoder, generate
@@ -83,6 +83,29 @@ def test_a_model_decoded_from_static_buffers_gives_the_logits_of_its_stream(name
         for t in range(5, 30):
             logits, state = network(tokens[:, t : t + 1], state=state, return_state=True)
             assert relative_error(network.static_step(tokens[:, t : t + 1], static), logits[:, -1]) < 1e-10
+
+
+@pytest.mark.parametrize("name", [name for name in LM_MODELS if model(name).static_decoding])
+def test_a_static_step_is_captured_whole_and_makes_no_tensor_on_the_host(name):
+    """What a CUDA graph of the step needs, checked on the CPU through ``torch.compile``'s capture: nothing read back
+    from the device (a read is a graph break, an error under ``fullgraph``) and no tensor made on the host (a copy to
+    the device, which a CUDA graph cannot capture); the captured step writes the buffers as the eager one does."""
+    network = model(name).double().eval()
+    tokens = torch.randint(0, 20, (2, 12))
+    host_made = []
+
+    def backend(graph, example_inputs):
+        host_made.extend(host_made_tensors(graph))
+        return graph.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        _, state = network(tokens[:, :5], state=network.init_state(2, max_length=16), return_state=True)
+        eager, captured = network.static_state(state, 16), network.static_state(state, 16)
+        step = torch.compile(network.static_step, fullgraph=True, backend=backend)
+        for t in range(5, 12):
+            assert relative_error(step(tokens[:, t : t + 1], captured), network.static_step(tokens[:, t : t + 1], eager)) < 1e-12
+    assert not host_made, host_made
 
 
 @pytest.mark.parametrize("name", [name for name in LM_MODELS if model(name).static_decoding])

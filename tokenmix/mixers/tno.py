@@ -15,6 +15,7 @@ Without autograd the spectrum is cached until the weights or the length change (
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -58,13 +59,16 @@ class ExponentialDecay(nn.Module):
         self.floor = float(decay)
         self.logit = nn.Parameter(torch.zeros(())) if learnable else None
 
-    def rate(self) -> torch.Tensor:
+    def rate(self) -> torch.Tensor | float:
+        """lambda: a number when fixed (a tensor made on the host would be copied to the lags' device at every call; on a
+        GPU, a copy that waits for every kernel queued before it)."""
         if self.logit is None:
-            return torch.tensor(self.floor)
+            return self.floor
         return self.floor + (1.0 - self.floor) * torch.sigmoid(self.logit)
 
     def forward(self, lags: torch.Tensor) -> torch.Tensor:
-        return torch.exp(lags.abs() * torch.log(self.rate().to(lags)))
+        rate = self.rate()
+        return torch.exp(lags.abs() * (math.log(rate) if isinstance(rate, float) else torch.log(rate.to(lags.dtype))))
 
     def extra_repr(self) -> str:
         return f"decay={self.floor}, learnable={self.logit is not None}"

@@ -33,21 +33,30 @@ def fnet_mixing(x: torch.Tensor, sequence_only: bool = False) -> torch.Tensor:
     return mixed.real.to(x.dtype)
 
 
-@lru_cache(maxsize=16)
-def _rolled_fourier_matrix(window: int) -> torch.Tensor:
-    """(W, 2W - 1) float64: row i = [0]*i + cos(2 pi i m / W) for m < W + [0]*(W - 1 - i)."""
-    rows = torch.arange(window, dtype=torch.float64)[:, None]
-    columns = torch.arange(2 * window - 1, dtype=torch.float64)[None, :]
-    offset = columns - rows  # m = column - i
+def _rolled_fourier_matrix(window: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """(W, 2W - 1): row i = [0]*i + cos(2 pi i m / W) for m < W + [0]*(W - 1 - i), made on ``device``, each angle
+    reduced exactly first (i m mod W, in integers) so that its cosine is as accurate in float32 as in float64."""
+    rows = torch.arange(window, device=device)[:, None]
+    offset = torch.arange(2 * window - 1, device=device)[None, :] - rows  # m = column - i
     inside = (offset >= 0) & (offset < window)
-    return torch.where(inside, torch.cos(2 * math.pi * rows * offset / window), torch.zeros(()))
+    angle = (rows * offset).remainder(window).to(dtype) * (2 * math.pi / window)
+    return torch.where(inside, torch.cos(angle), 0.0)
+
+
+_kept_fourier_matrices = lru_cache(maxsize=16)(_rolled_fourier_matrix)
 
 
 def fourier_ar_matrix(window: int, dtype=torch.float32, device=None) -> torch.Tensor:
-    """The fixed (W, 2W - 1) causal Fourier mixing matrix of one window-segment."""
+    """The fixed (W, 2W - 1) causal Fourier mixing matrix of one window-segment, made on the device it is used on (a
+    copy from the host would make a GPU wait for every kernel queued before it, and could not be captured in a CUDA
+    graph) and kept per window, dtype and device; inside ``torch.compile``, part of the traced graph."""
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
-    return _rolled_fourier_matrix(window).to(dtype=dtype, device=device)
+    device = torch.device("cpu" if device is None else device)
+    if torch.compiler.is_compiling():
+        return _rolled_fourier_matrix(window, dtype, device)
+    with torch.inference_mode(False):  # a kept matrix made under inference mode could not be saved for a later backward
+        return _kept_fourier_matrices(window, dtype, device)
 
 
 def fourier_ar_mix(x: torch.Tensor, window: int, history: torch.Tensor | None = None, start: int = 0) -> torch.Tensor:
