@@ -5,6 +5,7 @@ autocast casts other operations than on the CPU.
 """
 
 import os
+import warnings
 from dataclasses import replace
 
 import pytest
@@ -13,8 +14,9 @@ from conftest import LENGTHS, random_chunks, relative_error
 from test_contracts import LM_MODELS, MODEL_TASKS, MODES, mixer, model
 from test_train import tiny_config
 
+from tokenmix import precision as precision_module
 from tokenmix.bench.accuracy import autocast_errors
-from tokenmix.precision import PRECISIONS, autocast, check_precision, compute_dtype
+from tokenmix.precision import PRECISIONS, autocast, check_precision, compute_dtype, emulated_on_this_cpu
 from tokenmix.runs.checkpoint import load_checkpoint
 from tokenmix.train import Trainer
 
@@ -120,6 +122,26 @@ def test_a_precision_is_one_of_the_three_and_float32_runs_without_autocast():
         assert not torch.is_autocast_enabled("cpu")
     with autocast("bf16", torch.zeros(1)):
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_half_precision_on_a_cpu_without_its_instructions_is_said_to_run_emulated(precision, tmp_path, monkeypatch):
+    """Read from the CPU's flags (``/proc/cpuinfo``): a CPU with AVX-512 or AMX for the type computes it natively; one
+    without is told once, at the autocast, that its products run emulated; where the flags cannot be read, nothing."""
+    native, plain = tmp_path / "native", tmp_path / "plain"
+    native.write_text(f"processor\t: 0\nflags\t\t: fpu sse avx512f {precision_module.NATIVE_CPU_FLAGS[precision][1]}\n")
+    plain.write_text("processor\t: 0\nflags\t\t: fpu sse avx512f avx512bw\n")
+    assert not emulated_on_this_cpu(precision, native) and emulated_on_this_cpu(precision, plain)
+    assert not emulated_on_this_cpu(precision, tmp_path / "absent")
+    monkeypatch.setattr(precision_module, "emulated_on_this_cpu", lambda precision: True)
+    said = f"{precision} on this CPU: it lacks .* so the matrix products run emulated"
+    with pytest.warns(UserWarning, match=said), autocast(precision, "cpu"):
+        pass
+    monkeypatch.setattr(precision_module, "emulated_on_this_cpu", lambda precision: False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with autocast(precision, "cpu"), autocast("fp32", "cpu"):
+            pass
 
 
 def test_a_copy_with_other_options_keeps_the_precision():

@@ -18,11 +18,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
+from pathlib import Path
 
 import torch
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 INNER_PRECISIONS = ("autocast", "input", "float32")
+# The CPU instructions (Linux's /proc/cpuinfo flags) that compute each half precision natively; without them a CPU's
+# matrix products in it are emulated, slower than in float32.
+NATIVE_CPU_FLAGS = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}
 
 
 def check_precision(precision, argument: str = "precision") -> str:
@@ -46,7 +51,25 @@ def autocast(precision: str, device, cache: bool = True) -> contextlib.AbstractC
     if precision == "fp32":
         return contextlib.nullcontext()
     device_type = device.device.type if isinstance(device, torch.Tensor) else torch.device(device).type
+    if device_type == "cpu" and emulated_on_this_cpu(precision):
+        warnings.warn(
+            f"{precision} on this CPU: it lacks {' and '.join(NATIVE_CPU_FLAGS[precision])}, so the matrix products run emulated, "
+            "slower than in fp32 (mixed precision pays on GPUs and on CPUs with those instructions)",
+            stacklevel=2,
+        )
     return torch.autocast(device_type, dtype=PRECISIONS[precision], cache_enabled=cache)
+
+
+@functools.cache
+def emulated_on_this_cpu(precision: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU lacks every instruction set that computes ``precision`` natively (``NATIVE_CPU_FLAGS``); False
+    where its flags cannot be read (no /proc/cpuinfo: not Linux)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return False
+    flags = next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), None)
+    return flags is not None and not flags.intersection(NATIVE_CPU_FLAGS[precision])
 
 
 def run_in_inner_precision(inner_precision: str, function, x: torch.Tensor, *args, **kwargs):
