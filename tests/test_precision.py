@@ -134,9 +134,15 @@ def test_half_precision_on_a_cpu_without_its_instructions_is_said_to_run_emulate
     assert not emulated_on_this_cpu(precision, native) and emulated_on_this_cpu(precision, plain)
     assert not emulated_on_this_cpu(precision, tmp_path / "absent")
     monkeypatch.setattr(precision_module, "emulated_on_this_cpu", lambda precision: True)
+    monkeypatch.setattr(precision_module, "_TOLD_EMULATED", set())
     said = f"{precision} on this CPU: it lacks .* so the matrix products run emulated"
     with pytest.warns(UserWarning, match=said), autocast(precision, "cpu"):
         pass
+    with warnings.catch_warnings():  # told once
+        warnings.simplefilter("error")
+        with autocast(precision, "cpu"):
+            pass
+    monkeypatch.setattr(precision_module, "_TOLD_EMULATED", set())
     monkeypatch.setattr(precision_module, "emulated_on_this_cpu", lambda precision: False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
