@@ -42,7 +42,8 @@ bench models_bf16_compiled_fused --causal yes --kinds model --model-dim 512 --de
     --models tnn,fd_tnn,ski_tnn,transformer --lengths 2048,16384 --precision bf16 --compile --kernels fused
 
 # 4. One-token decoding at batch 1: the stream's step against the CUDA graph of the static step (static_speedup).
-bench generate_graphs --kinds generate --generate-batch 1 --model-dim 512 --models tnn,fd_tnn,ski_tnn,mega,tcnca,transformer \
+bench generate_graphs --kinds generate --generate-batch 1 --model-dim 512 \
+    --models tnn,fd_tnn,ski_tnn,mega,tcnca,transformer,fnet_ar_xl,transformer_xl \
     --lengths 256,4096 --mixers tno --stream-lengths 1024
 
 echo "== done; outputs in $out"

@@ -17,12 +17,14 @@ from tokenmix.generation.graphs import use_static_decoding
 STATIC_MIXERS = [name for name in CAUSAL if mixer(name, True).static_decoding]
 
 
-def test_the_mixers_and_models_that_decode_from_static_buffers_are_those_without_moving_memory():
-    """Everything streams from fixed buffers but FNetAR's DFT rows (chosen by the position on the host) and the
-    Transformer-XL memory (moved at segment boundaries), so every model but the XL ones."""
+def test_every_language_model_decodes_from_static_buffers():
+    """Every causal mixer steps from fixed buffers but FNetAR (its DFT row picked by the position on the host) and relative
+    attention (a context that grows with every input); inside a Transformer-XL block both mix a window of fixed length
+    from positions on the device (``static_context``), so every language model does."""
     assert sorted(set(CAUSAL) - set(STATIC_MIXERS)) == ["fnet_ar", "relative_attention"]
-    assert [name for name in LM_MODELS if not model(name).static_decoding] == ["fnet_ar_xl", "transformer_xl"]
-    assert all(model(name).static_decoding != model(name).recurrent for name in LM_MODELS)
+    assert all(mixer(name, True).static_context for name in ("fnet_ar", "relative_attention"))
+    assert all(model(name).static_decoding for name in LM_MODELS)
+    assert not model("tnn", mixer="fnet_ar").static_decoding
 
 
 def static_stream(module, x: torch.Tensor, prefill: int, capacity: int) -> torch.Tensor:
@@ -75,14 +77,37 @@ def test_a_model_decoded_from_static_buffers_gives_the_logits_of_its_stream(name
     tokens = torch.randint(0, network.config.vocab_size, (3, 30))
     with torch.no_grad():
         _, state = network(tokens[:, :5], state=network.init_state(3, max_length=30), return_state=True)
-        if not network.static_decoding:
-            with pytest.raises(ValueError, match="does not decode from static buffers"):
-                network.static_state(state, 30)
-            return
         static = network.static_state(state, 30)
         for t in range(5, 30):
             logits, state = network(tokens[:, t : t + 1], state=state, return_state=True)
             assert relative_error(network.static_step(tokens[:, t : t + 1], static), logits[:, -1]) < 1e-10
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("transformer_xl", {}),
+        ("transformer_xl", {"segment_length": 4, "memory_length": 6}),
+        ("fnet_ar_xl", {"segment_length": 3, "memory_length": 7, "window": 8}),
+    ],
+)
+def test_a_transformer_xl_window_follows_its_moving_memory_with_rows_at_their_own_positions(name, options):
+    """Two rows prefilled to different lengths (one mid-segment, one at a segment's end) stepped in one batch of static
+    windows, across segment ends where the stream's memory moves: each row's logits are those of its stream alone."""
+    network = model(name, **options).double().eval()
+    tokens = torch.randint(0, 20, (2, 40))
+    with torch.no_grad():
+        streams = [
+            network(tokens[r : r + 1, :prefill], state=network.init_state(1, max_length=40), return_state=True)[1]
+            for r, prefill in ((0, 5), (1, 12))
+        ]
+        static = type(streams[0]).concat([network.static_state(state, 40) for state in streams])
+        for k in range(25):
+            columns = (5 + k, 12 + k)
+            got = network.static_step(torch.tensor([[tokens[r, c]] for r, c in enumerate(columns)]), static)
+            for r, c in enumerate(columns):
+                logits, streams[r] = network(tokens[r : r + 1, c : c + 1], state=streams[r], return_state=True)
+                assert relative_error(got[r], logits[0, -1]) < 1e-10
 
 
 @pytest.mark.parametrize("name", [name for name in LM_MODELS if model(name).static_decoding])
@@ -124,13 +149,15 @@ def test_generate_from_static_buffers_gives_the_tokens_of_the_stream(name, tempe
 
 
 def test_static_decoding_is_chosen_and_refused_with_the_reason():
-    tnn, xl = model("tnn"), model("transformer_xl")
+    tnn, fourier = model("tnn"), model("tnn", mixer="fnet_ar")  # FNetAR outside a Transformer-XL block: a stream only
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert not use_static_decoding(tnn, "auto", cpu) and use_static_decoding(tnn, "auto", cuda)
     assert use_static_decoding(tnn, "static", cpu) and not use_static_decoding(tnn, "stream", cuda)
-    assert not use_static_decoding(xl, "auto", cuda)
+    assert not use_static_decoding(fourier, "auto", cuda)
     with pytest.raises(ValueError, match="does not decode from static buffers.*use decoding='stream'"):
-        generate(xl, [torch.tensor([1, 2])], 3, decoding="static")
+        generate(fourier, [torch.tensor([1, 2])], 3, decoding="static")
+    with pytest.raises(ValueError, match="does not decode from static buffers"):
+        fourier.static_state(fourier.init_state(1, max_length=8), 8)
     with pytest.raises(ValueError, match=r"decoding must be one of \['auto', 'static', 'stream'\], got 'graphs'"):
         generate(tnn, [torch.tensor([1, 2])], 3, decoding="graphs")
 

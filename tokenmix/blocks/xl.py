@@ -6,6 +6,10 @@ the previous segments, without gradient. Its mixer reads [memory; segment] as it
 variant, the parameter-free causal Fourier mixing of ``ops/fourier.py`` with the memory as its
 window buffer, followed by a LayerNorm (FNet's post-Fourier norm, ``Mixer.normalize_output``).
 Pre-norm residuals: x + Mixer(norm(x)), then x + FFN(norm(x)).
+
+Decoding from static buffers (CUDA graphs, ``tokenmix.generation.graphs``), a block keeps a window of its last
+M + S inputs instead of the moving memory, and masks by each row's position on the device what the memory would
+not hold (``XlBlock.static_step``).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import torch
 from torch import nn
 
 from ..fields import Choice, Integer, Number, setting, setting_fields
-from ..mixers.base import check_sequence
+from ..mixers.base import check_sequence, check_static_decoding
 from ..mixers.parts import Configurable, Part
 from ..mixers.registry import list_mixers, mixer_class
 from ..options import Options, dropout_setting
@@ -45,6 +49,18 @@ class XlState(StreamState):
 
 
 @dataclass
+class StaticXlState(StreamState):
+    """A Transformer-XL block's stream in fixed buffers (``XlBlock.static_state``): its last L block inputs (batch, L, d),
+    the newest last, which of them are real tokens (batch, L), each row's position (batch,) on the device, and the
+    segment length (None: one segment)."""
+
+    inputs: torch.Tensor
+    real: torch.Tensor
+    position: torch.Tensor
+    segment_length: int | None = None
+
+
+@dataclass
 class XlOptions(Options):
     memory_length: int = setting(512, Integer(0), "block inputs of earlier segments kept as memory (at least the mixer's reach behind)")
     ffn_expand: float = setting(4, Number(0, open_minimum=True), "width factor of the GELU FFN")
@@ -63,7 +79,6 @@ class XlBlock(Configurable, nn.Module):
 
     options_type = XlOptions
     recurrent = True
-    static_decoding = False  # its memory moves at every segment boundary (``Mixer.static_decoding``)
     sequence_split = "segments"  # context parallelism: each shard gathers the context it reads (``step`` with ``run``)
 
     @classmethod
@@ -132,6 +147,46 @@ class XlBlock(Configurable, nn.Module):
             outputs.append(output)
             done += size
         return torch.cat(outputs, dim=1), state
+
+    @property
+    def static_decoding(self) -> bool:
+        """Its mixer mixes a context of fixed length from positions on the device (``Mixer.static_context``)."""
+        return self.mixer.static_context
+
+    def static_state(self, state: XlState, capacity: int) -> StaticXlState:
+        """The stream's memory and segment, the newest last, in a window of the most inputs a token sees: a full memory
+        and its segment up to itself (``memory_length`` + the segment length), or ``capacity`` where the stream is
+        one segment."""
+        check_static_decoding(self)
+        check_state(state, XlState, None, None, "this Transformer-XL block")
+        context = torch.cat([state.memory, state.segment], dim=1)
+        batch, held, dim = context.shape
+        length = capacity if state.segment_length is None else self.memory_length + state.segment_length
+        inputs, real = context.new_zeros(batch, length, dim), torch.zeros(batch, length, dtype=torch.bool, device=context.device)
+        inputs[:, length - held :] = context
+        real[:, length - held :] = torch.cat([torch.ones_like(state.memory[..., 0], dtype=torch.bool), state.segment_real], dim=1)
+        position = torch.full((batch,), state.position, dtype=torch.long, device=context.device)
+        return StaticXlState(inputs, real, position, state.segment_length)
+
+    def static_step(self, x: torch.Tensor, state: StaticXlState) -> torch.Tensor:
+        """The next token x (batch, 1, d), the window shifted by one in place. A token at position t sees, as in ``step``,
+        its segment up to itself (its real tokens) and the ``memory_length`` inputs before the segment's start
+        s = t - t mod S (every earlier input where the stream is one segment)."""
+        length, t = state.inputs.shape[1], state.position
+        state.inputs.copy_(torch.cat([state.inputs[:, 1:], x.detach()], dim=1))
+        state.real.copy_(torch.cat([state.real[:, 1:], torch.ones_like(state.real[:, :1])], dim=1))
+        positions = t[:, None] + torch.arange(1 - length, 1, device=x.device)  # of the window's inputs
+        key_mask = positions >= 0
+        if state.segment_length is None:
+            key_mask &= state.real
+        else:
+            start = (t - t.remainder(state.segment_length))[:, None]
+            key_mask &= (positions >= start - self.memory_length) & ((positions < start) | state.real)
+        normed = self.mixer_norm(state.inputs)
+        mixed = self.mixed_norm(self.mixer.in_inner_precision(self.mixer.mix_static_context, normed[:, -1:], normed, key_mask, t))
+        y = x + self.dropout(mixed)
+        state.position.add_(1)
+        return y + self.dropout(self.ffn(self.ffn_norm(y)))
 
     def _segment_step(self, x: torch.Tensor, real: torch.Tensor, state: XlState) -> tuple[torch.Tensor, XlState]:
         """Tokens within one segment: the mixer over [memory; segment; x], then the FFN (Dai et al. 2019, §3.2)."""

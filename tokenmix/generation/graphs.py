@@ -28,8 +28,8 @@ def use_static_decoding(model, decoding: str, device: torch.device) -> bool:
     stream's ``step``; "static"; "stream") decodes ``model`` from static buffers; ValueError for a "static" it lacks."""
     if check_decoding(decoding) == "static" and not model.static_decoding:
         raise ValueError(
-            f"model {model.config.name!r} does not decode from static buffers (a part of it, such as a Transformer-XL memory, "
-            "moves at segment boundaries): use decoding='stream' or 'auto'"
+            f"model {model.config.name!r} does not decode from static buffers (a part of it steps a stream only, "
+            "Mixer.static_decoding): use decoding='stream' or 'auto'"
         )
     return decoding == "static" or (decoding == "auto" and device.type == "cuda" and model.static_decoding)
 

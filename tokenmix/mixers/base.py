@@ -116,6 +116,10 @@ class Mixer(Configurable, nn.Module):
     mixes_context = False
     """Has ``mix_context(x, context, key_mask, start)``: the newest tokens mixed with a context of earlier ones
     ending with them, the memory a Transformer-XL block keeps (causal mixers only)."""
+    static_context = False
+    """Has ``mix_static_context(x, context, key_mask, positions)``: ``mix_context`` for one token per row, from a context of
+    fixed length and stream positions (batch,) read on the device; a Transformer-XL block around it decodes from
+    static buffers."""
     normalize_output = False
     """Its outputs are sums that grow with its reach: a Transformer-XL block normalizes them (FNet's post-Fourier LayerNorm)."""
     inner_precision = "autocast"

@@ -8,7 +8,7 @@ import torch
 
 from ..fields import Flag, Integer, setting
 from ..ops.fft import spectral_dtype
-from ..ops.fourier import fnet_mixing, fourier_ar_mix
+from ..ops.fourier import fnet_mixing, fourier_ar_matrix, fourier_ar_mix
 from ..options import Options
 from ..state import StreamState
 from .base import Mixer, zero_padding
@@ -142,6 +142,19 @@ class FnetAr(Mixer):
         before = context[:, :-n].masked_fill(~key_mask[:, :-n, None], 0.0)[:, -(window - 1) :] if window > 1 else context[:, :0]
         history = torch.nn.functional.pad(before, (0, 0, window - 1 - before.shape[1], 0))
         return self.step_chunk(x.masked_fill(~key_mask[:, -n:, None], 0.0), FnetArState(history, start), None)[0]
+
+    static_context = True
+
+    def mix_static_context(self, x: torch.Tensor, context: torch.Tensor, key_mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One token per row at stream positions ``positions`` (batch,): y_t = sum_m cos(2 pi (t mod W) m / W) x_{t-W+1+m}
+        over the last W inputs of ``context`` (masked keys, and any before it, read as zeros), its DFT row gathered
+        from ``fourier_ar_matrix`` by t mod W on the device."""
+        window, work = self.window, spectral_dtype(x.dtype)
+        inputs = context.masked_fill(~key_mask[..., None], 0.0)[:, -window:].to(work)
+        inputs = torch.nn.functional.pad(inputs, (0, 0, window - inputs.shape[1], 0))
+        row = positions.remainder(window)[:, None]
+        coefficients = fourier_ar_matrix(window, work, x.device)[row, row + torch.arange(window, device=x.device)]
+        return torch.einsum("bw,bwd->bd", coefficients, inputs)[:, None].to(x.dtype)
 
     def empty_state(self, batch_size: int, device, dtype: torch.dtype, max_length: int | None) -> FnetArState:
         return FnetArState(torch.zeros(batch_size, self.window - 1, self.dim, device=device, dtype=dtype))

@@ -98,6 +98,12 @@ class RelativeAttention(Mixer):
         mixed = relative_attention(q, k, v, r, self.content_bias, self.position_bias, key_mask, self.dropout)
         return linear_in_dtype(mixed.reshape(batch, n, dim), self.out)
 
+    static_context = True
+
+    def mix_static_context(self, x: torch.Tensor, context: torch.Tensor, key_mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``mix_context``: relative positions need no stream position."""
+        return self.mix_context(x, context, key_mask, 0)
+
     state_type = ContextState
 
     def empty_state(self, batch_size: int, device, dtype: torch.dtype, max_length: int | None) -> ContextState:
