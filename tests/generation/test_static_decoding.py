@@ -89,6 +89,7 @@ def test_a_model_decoded_from_static_buffers_gives_the_logits_of_its_stream(name
         ("transformer_xl", {}),
         ("transformer_xl", {"segment_length": 4, "memory_length": 6}),
         ("fnet_ar_xl", {"segment_length": 3, "memory_length": 7, "window": 8}),
+        ("transformer_xl", {"segment_length": 8, "memory_length": 48}),  # a window of the capacity, shorter than M + S
     ],
 )
 def test_a_transformer_xl_window_follows_its_moving_memory_with_rows_at_their_own_positions(name, options):

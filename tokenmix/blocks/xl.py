@@ -155,13 +155,13 @@ class XlBlock(Configurable, nn.Module):
 
     def static_state(self, state: XlState, capacity: int) -> StaticXlState:
         """The stream's memory and segment, the newest last, in a window of the most inputs a token sees: a full memory
-        and its segment up to itself (``memory_length`` + the segment length), or ``capacity`` where the stream is
-        one segment."""
+        and its segment up to itself (``memory_length`` + the segment length), at most the ``capacity`` (every input,
+        where the stream is one segment)."""
         check_static_decoding(self)
         check_state(state, XlState, None, None, "this Transformer-XL block")
         context = torch.cat([state.memory, state.segment], dim=1)
         batch, held, dim = context.shape
-        length = capacity if state.segment_length is None else self.memory_length + state.segment_length
+        length = capacity if state.segment_length is None else min(capacity, self.memory_length + state.segment_length)
         inputs, real = context.new_zeros(batch, length, dim), torch.zeros(batch, length, dtype=torch.bool, device=context.device)
         inputs[:, length - held :] = context
         real[:, length - held :] = torch.cat([torch.ones_like(state.memory[..., 0], dtype=torch.bool), state.segment_real], dim=1)
