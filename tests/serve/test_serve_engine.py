@@ -80,6 +80,35 @@ def model_calls(network) -> list[tuple[int, int]]:
 DECODINGS = [(name, "stream") for name in LM_MODELS] + [(name, "static") for name in LM_MODELS if model(name).static_decoding]
 
 
+def test_static_batches_step_graph_batches_and_make_their_buffers_anew_only_when_they_change_size():
+    """Nine prompts at once, six of them short: static decoding steps a batch of 16 (seven spare rows), then, the six
+    ended and their holes dropped, of 4 (one spare): two sets of buffers in all (on CUDA, two graph captures); every
+    answer is that of generate alone."""
+    network = model("tnn").double().eval()
+    config = EngineConfig(context=CONTEXT, max_batch=16, max_state_memory=10**10, chunk=64, prefix_min=0, decoding="static")
+    engine = Engine(network, TOKEN_BYTES, config)
+    buffers, batches = [], []  # each static step's first buffer (kept: ids are reused), and its batch
+    static_step = network.static_step
+
+    def recorded(tokens, state):
+        first = state.tensors()[0]
+        if not any(first is seen for seen in buffers):
+            buffers.append(first)
+        batches.append(tokens.shape[0])
+        return static_step(tokens, state)
+
+    network.static_step = recorded
+    jobs = [submit(engine, [1 + k, 2, 3], Sampling(max_tokens=4 if k < 6 else 12, temperature=0.8, seed=k)) for k in range(9)]
+    with torch.no_grad():
+        while engine.scheduler.unfinished:
+            engine.step()
+    assert len(buffers) == 2 and sorted(set(batches)) == [4, 16]
+    for job, collected in jobs:
+        options = {"temperature": 0.8, "seed": job.sampling.seed, "max_length": CONTEXT}
+        assert collected.tokens[0] == tokenmix.generate(network, [torch.tensor(job.prompt)], job.sampling.max_tokens, **options)[0].tolist()
+    assert engine.scheduler.rows == 0 and engine.scheduler.reserved == 0
+
+
 def test_prompts_are_read_with_the_prefill_threads_and_steps_keep_their_own():
     """``prefill_threads``: torch's thread count during a prefill's forward, restored for the steps."""
     network = model("tnn").double().eval()

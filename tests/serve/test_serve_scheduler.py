@@ -37,10 +37,11 @@ class FakeState:
 
 
 class FakeSizes:
-    """Every row weighs ``ROW_BYTES`` at every position; the states grow at ``grows``."""
+    """Every row weighs ``ROW_BYTES`` at every position (with ``static`` decoding, its static buffers too); the states
+    grow at ``grows``."""
 
-    def __init__(self, grows: tuple[int, ...] = ()):
-        self.grows = grows
+    def __init__(self, grows: tuple[int, ...] = (), static: bool = False):
+        self.grows, self.static, self.static_row = grows, static, ROW_BYTES if static else 0
 
     def at(self, position: int) -> int:
         return ROW_BYTES
@@ -67,10 +68,10 @@ class FakeRunner:
 class Served:
     """A scheduler, the fake runner and a real output processor, stepped by hand; ``events`` by job."""
 
-    def __init__(self, grows: tuple[int, ...] = (), period: int | None = 1, **options):
+    def __init__(self, grows: tuple[int, ...] = (), period: int | None = 1, static: bool = False, **options):
         config = EngineConfig(**{"context": 200, "max_batch": 8, "max_state_memory": 10**6, "prefix_min": 0, **options})
         self.metrics = ServeMetrics()
-        self.scheduler = Scheduler(config, FakeSizes(grows), period, TOKEN_BYTES, self.metrics)
+        self.scheduler = Scheduler(config, FakeSizes(grows, static), period, TOKEN_BYTES, self.metrics)
         self.runner, self.outputs = FakeRunner(), OutputProcessor(self.metrics)
         self.events: dict[int, list] = {}
 
@@ -160,6 +161,37 @@ def test_holes_stay_until_a_step_where_the_state_grows():
         kept.append((decode.cohort.position, decode.keep))
     assert kept == [(4, None), (5, None), (6, None), (7, None), (8, [1, 2, 3])]
     assert served.scheduler.cohorts[0].holes == {}
+
+
+def test_static_batches_grow_by_graph_batches_whose_spare_rows_later_rows_take_in_place():
+    """Static decoding: a cohort's buffers are made for 1, 2, 4, then 8 rows (``graph_batch``) as rows join one at a
+    time; its spare rows are holes that reserve a row's bytes, and later rows take them in place (nothing appended,
+    so the graph captured on the buffers stays). The state growing drops no hole (static buffers do not grow)."""
+    served = Served(grows=(40,), static=True, max_batch=12, max_state_memory=10**7)  # at 40: three spare rows of eight
+    joins = []  # (rows joined in place, spare rows made, the cohort's rows after the join)
+    for _ in range(6):
+        served.submit([1, 2, 3], max_tokens=100)
+        join = next(plan.joins[0] for plan in (served.step() for _ in range(20)) if plan.joins)
+        joins.append((len(join.slots), join.padding, len(join.cohort.rows)))
+    assert joins == [(0, 0, 1), (0, 0, 2), (0, 1, 4), (1, 0, 4), (0, 3, 8), (1, 0, 8)]
+    (cohort,) = served.scheduler.cohorts
+    assert cohort.position > 40 and cohort.holes == {6: ROW_BYTES, 7: ROW_BYTES}
+    assert served.scheduler.reserved == 8 * ROW_BYTES  # six requests' and two spare rows'
+
+
+def test_static_batches_drop_their_holes_down_to_a_graph_batch_of_live_rows():
+    """Nine rows joining at once get a batch of 16 (seven spare); six ending leave thirteen holes of sixteen: dropped,
+    the three live rows kept with one spare row (a graph batch of 4); every byte comes back at the end."""
+    served = Served(static=True, max_batch=16, max_state_memory=10**7)
+    for k in range(9):
+        served.submit([1, 2, 3], max_tokens=5 if k < 6 else 20)
+    seen = []
+    while served.scheduler.cohorts or served.scheduler.prefills or served.scheduler.waiting:
+        plan = served.step()
+        seen += [("join", len(join.cohort.rows), join.padding) for join in plan.joins]
+        seen += [("keep", len(decode.keep), decode.padding) for decode in plan.decodes if decode.keep is not None]
+    assert seen == [("join", 16, 7), ("keep", 3, 1), ("keep", 0, 0)]
+    assert served.scheduler.rows == 0 and served.scheduler.reserved == 0
 
 
 def test_a_row_stopped_by_a_stop_string_is_stepped_once_more_then_leaves_a_hole():

@@ -6,8 +6,9 @@ same kernels at every position, nothing read back from the device. On CUDA, ``St
 that step once as a CUDA graph, the token ids in a static input buffer and the logits in a static
 output, and replays it for every token: one launch where eager decoding at a small batch spends its
 time launching dozens of small kernels. ``generate`` captures one graph for its batch; the server one
-per batch of rows (a cohort), captured again when rows are dropped or appended (a row joining a hole
-is written in place). On the CPU the same step runs eagerly: the path the tests hold to ``step``.
+per batch of rows (a cohort), its buffers made for a ``graph_batch`` of rows (a row joining a spare row or a
+hole is written in place), captured again when the batch outgrows them or drops its holes. On the CPU the
+same step runs eagerly: the path the tests hold to ``step``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,13 @@ def use_static_decoding(model, decoding: str, device: torch.device) -> bool:
             "Mixer.static_decoding): use decoding='stream' or 'auto'"
         )
     return decoding == "static" or (decoding == "auto" and device.type == "cuda" and model.static_decoding)
+
+
+def graph_batch(rows: int) -> int:
+    """The rows a server makes a batch's static buffers for, to hold ``rows``: 1, 2, 4, then a multiple of 8 (vLLM's
+    capture sizes). Rows that join later take the spare ones in place, so the graph captured on the buffers stays
+    until the batch outgrows them."""
+    return rows if rows <= 2 else 4 if rows <= 4 else -(-rows // 8) * 8
 
 
 class StepGraph:

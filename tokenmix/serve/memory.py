@@ -17,7 +17,7 @@ class StateSizes:
     moment it joins its batch (those of the whole context, ``SequenceModel.static_state``)."""
 
     def __init__(self, model, context: int, device, static: bool = False):
-        self.context = context
+        self.context, self.static = context, static
         self.bounds: list[tuple[int, int]] = []
         fixed, length = 0, 1  # fixed: the static buffers' bytes, the same at every position
         with torch.no_grad():
@@ -31,6 +31,7 @@ class StateSizes:
                 if length == context:
                     break
                 length *= 2
+        self.static_row = fixed  # bytes of one row's static buffers (0 without static decoding)
 
     def at(self, position: int) -> int:
         """Bytes of one row up to ``position`` (at most the context)."""

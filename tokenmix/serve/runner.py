@@ -3,8 +3,8 @@ tensors (the cohorts' and prefills' states and logits).
 
 With static decoding (``EngineConfig.decoding``, ``tokenmix.generation.graphs``) a cohort's state is held in
 static buffers from the moment its rows join it (prefills read as streams): on CUDA each cohort's step is a
-CUDA graph captured on its buffers, again only when they change (rows dropped or appended; a join into holes
-writes in place)."""
+CUDA graph captured on its buffers, again only when they change (rows dropped or appended past the spare rows
+its buffers were made with, ``graph_batch``; a join into holes or spare rows writes in place)."""
 
 from __future__ import annotations
 
@@ -57,11 +57,14 @@ class ModelRunner:
         cohort = step.cohort
         if step.reset:
             cohort.state = cohort.logits = cohort.graph = None
-        if step.slots:
-            taken = len(step.slots)
+        taken = len(step.slots)
+        if taken:
             cohort.state = cohort.state.assign(step.slots, state.select(list(range(taken))))
             cohort.logits[step.slots] = logits[:taken]
-            state, logits = state.select(list(range(taken, len(logits)))), logits[taken:]
+        if taken or step.padding:  # the rows appended, then spare copies of the first of them (never read)
+            appended = list(range(taken, len(logits)))
+            appended += appended[:1] * step.padding
+            state, logits = state.select(appended), logits[appended]
         if len(logits) and cohort.state is not None:
             cohort.state = type(state).concat([cohort.state, state])
             cohort.logits = torch.cat([cohort.logits, logits])
@@ -77,9 +80,10 @@ class ModelRunner:
         for slot, token in zip(step.sampling, picks, strict=True):
             inputs[slot] = token
         if step.keep is not None:
-            inputs = [inputs[index] for index in step.keep]
-            cohort.state, cohort.graph = cohort.state.select(step.keep) if step.keep else None, None  # the graph's buffers go
-            cohort.logits = cohort.logits[step.keep] if step.keep else None
+            keep = step.keep + step.keep[:1] * step.padding  # spare rows: copies of the first (never read)
+            inputs = [inputs[index] for index in keep]
+            cohort.state, cohort.graph = cohort.state.select(keep) if keep else None, None  # the graph's buffers go
+            cohort.logits = cohort.logits[keep] if keep else None
         if inputs and self.static:
             cohort.logits = self.static_step(cohort, torch.tensor(inputs, device=self.device))
         elif inputs:

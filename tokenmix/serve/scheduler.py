@@ -23,6 +23,7 @@ import threading
 import time
 from collections import deque
 
+from ..generation.graphs import graph_batch
 from .batches import Cohort, Prefill, Row
 from .config import EngineConfig
 from .jobs import Busy, Failed, Job, Unavailable
@@ -159,7 +160,8 @@ class Scheduler:
             cohort.rows[slot] = row
         self._release(sum(cohort.holes.pop(slot) for slot in slots))
         cohort.rows += rows[len(slots) :]
-        return JoinStep(cohort, parts, slots, reset)
+        padding = self._pad(cohort) if len(rows) > len(slots) else 0  # where the state is made anew anyway
+        return JoinStep(cohort, parts, slots, reset, padding)
 
     def _decode(self, cohort: Cohort) -> DecodeStep | None:
         """One step of every row of ``cohort``: tails read, rows sampling, those reaching ``max_tokens``
@@ -179,21 +181,40 @@ class Scheduler:
         for slot, row in zip(sampling, rows, strict=True):
             if len(row.tokens) + 1 >= row.job.sampling.max_tokens:  # its last token
                 self._leave(cohort, slot)
-        keep = None
+        keep, padding = None, 0
         if self._compaction_due(cohort):
             keep = cohort.alive() if len(cohort.alive()) < len(cohort.rows) else None
             self._compact(cohort)
+            padding = self._pad(cohort) if keep else 0
         sampled = set(map(id, rows))  # their coming token counts as sampled
         steps = [0 if row is None else row.steps_left() - (id(row) in sampled) for row in cohort.rows]
-        return DecodeStep(cohort, inputs, sampling, rows, keep, steps)
+        return DecodeStep(cohort, inputs, sampling, rows, keep, steps, padding)
 
     def _compaction_due(self, cohort: Cohort) -> bool:
-        """Whether the holes go before this step: a hole past its reservation, holes three quarters of the
-        rows, or a quarter of the live rows on a step where the state grows."""
-        outgrown = any(nbytes < self.sizes.at(cohort.position + 1) for nbytes in cohort.holes.values())
+        """Whether the holes go before this step: holes three quarters of the rows; streamed (not static buffers,
+        which neither grow nor outgrow a hole), also a hole past its reservation or a quarter of the live rows on
+        a step where the state grows."""
         holes = len(cohort.holes)
+        if self.sizes.static:
+            return 4 * holes >= 3 * len(cohort.rows)
+        outgrown = any(nbytes < self.sizes.at(cohort.position + 1) for nbytes in cohort.holes.values())
         grows = self.sizes.grows_at(cohort.position) and 4 * holes >= len(cohort.rows) - holes
         return outgrown or 4 * holes >= 3 * len(cohort.rows) or grows
+
+    def _pad(self, cohort: Cohort) -> int:
+        """With static decoding, spare rows (holes) after the cohort's rows up to a ``graph_batch`` of them, as many as
+        the memory budget has room for (each holds one row's static buffers): rows joining later take them in place,
+        and the graph captured on the buffers stays. The spare rows' count."""
+        if not self.sizes.static:
+            return 0
+        nbytes, rows = self.sizes.static_row, len(cohort.rows)
+        with self.lock:
+            room = (self.config.max_state_memory - self.reserved - self.cache.nbytes()) // nbytes
+            padding = max(0, min(graph_batch(rows) - rows, room))
+            self.reserved += padding * nbytes
+        cohort.holes.update(dict.fromkeys(range(rows, rows + padding), nbytes))
+        cohort.rows += [None] * padding
+        return padding
 
     def _compact(self, cohort: Cohort) -> None:
         """Drop the holes from the bookkeeping (the runner drops them from the state)."""

@@ -12,20 +12,22 @@ from .batches import Cohort, Prefill, Row
 class JoinStep:
     """Prefills done reading join ``cohort``: of each, the rows of its state in ``parts`` (a prefill and the
     rows it gives, None: all, once each), the first of them into the holes ``slots`` in place, the rest
-    appended by one ``concat``; ``reset``: the cohort had no live row left, its state is dropped first."""
+    appended by one ``concat`` with ``padding`` spare rows after them (static decoding: ``graph_batch``);
+    ``reset``: the cohort had no live row left, its state is dropped first."""
 
     cohort: Cohort
     parts: list[tuple[Prefill, list[int] | None]]
     slots: list[int]
     reset: bool = False
+    padding: int = 0
 
 
 @dataclass
 class DecodeStep:
     """One step of every row of ``cohort``: a row still reading its prompt takes its next token (in
     ``inputs``), the rows at ``sampling`` (``rows``) sample theirs from the logits of the last step; then,
-    where ``keep`` is given, the state keeps only those rows (the holes are dropped), and the rows left are
-    stepped, each told its ``steps`` left (``StreamState.limit_steps``)."""
+    where ``keep`` is given, the state keeps only those rows (the holes are dropped) and ``padding`` spare rows
+    after them, and the rows left are stepped, each told its ``steps`` left (``StreamState.limit_steps``)."""
 
     cohort: Cohort
     inputs: list[int]
@@ -33,6 +35,7 @@ class DecodeStep:
     rows: list[Row]
     keep: list[int] | None
     steps: list[int]
+    padding: int = 0
 
 
 @dataclass
