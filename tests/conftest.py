@@ -77,12 +77,12 @@ FACTORIES = {
 
 def host_made_tensors(graph: torch.fx.GraphModule) -> list[str]:
     """The source lines where a graph captured by ``torch.compile`` (its subgraphs included, such as a custom autograd
-    Function's backward) makes a tensor without naming its device."""
+    Function's backward) makes a tensor without naming its device (or naming None)."""
     found = []
     for module in graph.modules():
         if isinstance(module, torch.fx.GraphModule):
             for node in module.graph.nodes:
-                if node.op == "call_function" and node.target in FACTORIES and "device" not in node.kwargs:
+                if node.op == "call_function" and node.target in FACTORIES and node.kwargs.get("device") is None:
                     found.append(node.meta.get("stack_trace", "").strip().splitlines()[-2:])
     return found
 

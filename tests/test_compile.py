@@ -101,6 +101,7 @@ def first_graph_through_aot_autograd(host_made: list):
 
 def check_compiled(module: torch.nn.Module, dim: int, lengths: tuple[int, ...] = ()) -> None:
     """``module`` compiled gives its eager output and gradients at three shared lengths, compiling twice over
+    them (the first length's shape, its backward traced by AOTAutograd, then one graph with the length
     symbolic), and at ``lengths``; its graphs make no tensor on the host (``host_made_tensors``)."""
     torch._dynamo.reset()
     counters.clear()

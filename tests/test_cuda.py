@@ -141,12 +141,20 @@ def test_generation_on_the_device_gives_the_tokens_it_gives_on_cpu(name):
 
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs need a CUDA device")
-@pytest.mark.parametrize("name", [name for name in LM_MODELS if model(name).static_decoding])
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [(name, {}) for name in LM_MODELS]
+    + [
+        ("transformer_xl", {"segment_length": 4, "memory_length": 6}),
+        ("fnet_ar_xl", {"segment_length": 3, "memory_length": 7, "window": 8}),
+    ],
+)
 @pytest.mark.parametrize("rows", [1, 3])
-def test_a_cuda_graph_of_the_static_step_replays_the_eager_static_step(name, rows):
-    """Positions past chunk boundaries (chunks of 8); between the replays, a longer stream and a forward with gradients
-    (which replace or drop the operators the mixers cache for their streams: the graph's own must stay)."""
-    net = on_device(model(name).double().eval())
+def test_a_cuda_graph_of_the_static_step_replays_the_eager_static_step(name, options, rows):
+    """Positions past chunk boundaries (chunks of 8) and segment ends (Transformer-XL memory); between the replays, a
+    longer stream and a forward with gradients (which replace or drop the operators the mixers cache for their streams:
+    the graph's own must stay)."""
+    net = on_device(model(name, **options).double().eval())
     tokens = torch.randint(0, 20, (rows, 40), device=DEVICE)
     with torch.no_grad():
         _, state = net(tokens[:, :5], state=net.init_state(rows, max_length=40), return_state=True)

@@ -133,8 +133,17 @@ def test_half_precision_on_a_cpu_without_its_instructions_is_said_to_run_emulate
     plain.write_text("processor\t: 0\nflags\t\t: fpu sse avx512f avx512bw\n")
     assert not emulated_on_this_cpu(precision, native) and emulated_on_this_cpu(precision, plain)
     assert not emulated_on_this_cpu(precision, tmp_path / "absent")
+    monkeypatch.setattr(precision_module, "_CHECKED_CPU", set())  # inside a compiled region: not looked up (no file read)
+
+    def under_autocast(x):
+        with autocast(precision, "cpu"):
+            return x @ x
+
+    torch._dynamo.reset()
+    x = torch.randn(4, 4)
+    assert torch.equal(torch.compile(under_autocast, fullgraph=True, backend="eager")(x), under_autocast(x))
     monkeypatch.setattr(precision_module, "emulated_on_this_cpu", lambda precision: True)
-    monkeypatch.setattr(precision_module, "_TOLD_EMULATED", set())
+    monkeypatch.setattr(precision_module, "_CHECKED_CPU", set())
     said = f"{precision} on this CPU: it lacks .* so the matrix products run emulated"
     with pytest.warns(UserWarning, match=said), autocast(precision, "cpu"):
         pass
@@ -142,7 +151,7 @@ def test_half_precision_on_a_cpu_without_its_instructions_is_said_to_run_emulate
         warnings.simplefilter("error")
         with autocast(precision, "cpu"):
             pass
-    monkeypatch.setattr(precision_module, "_TOLD_EMULATED", set())
+    monkeypatch.setattr(precision_module, "_CHECKED_CPU", set())
     monkeypatch.setattr(precision_module, "emulated_on_this_cpu", lambda precision: False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -28,7 +28,7 @@ INNER_PRECISIONS = ("autocast", "input", "float32")
 # The CPU instructions (Linux's /proc/cpuinfo flags) that compute each half precision natively; without them a CPU's
 # matrix products in it are emulated, slower than in float32.
 NATIVE_CPU_FLAGS = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}
-_TOLD_EMULATED: set[str] = set()
+_CHECKED_CPU: set[str] = set()  # the precisions whose CPU instructions were looked up (outside torch.compile)
 
 
 def check_precision(precision, argument: str = "precision") -> str:
@@ -52,13 +52,14 @@ def autocast(precision: str, device, cache: bool = True) -> contextlib.AbstractC
     if precision == "fp32":
         return contextlib.nullcontext()
     device_type = device.device.type if isinstance(device, torch.Tensor) else torch.device(device).type
-    if device_type == "cpu" and precision not in _TOLD_EMULATED and emulated_on_this_cpu(precision):
-        _TOLD_EMULATED.add(precision)  # once per process: autocast is entered at every decoding step
-        warnings.warn(
-            f"{precision} on this CPU: it lacks {' and '.join(NATIVE_CPU_FLAGS[precision])}, so the matrix products run emulated, "
-            "slower than in fp32 (mixed precision pays on GPUs and on CPUs with those instructions)",
-            stacklevel=2,
-        )
+    if device_type == "cpu" and not torch.compiler.is_compiling() and precision not in _CHECKED_CPU:
+        _CHECKED_CPU.add(precision)  # once per process: autocast is entered at every decoding step
+        if emulated_on_this_cpu(precision):
+            warnings.warn(
+                f"{precision} on this CPU: it lacks {' and '.join(NATIVE_CPU_FLAGS[precision])}, so the matrix products run "
+                "emulated, slower than in fp32 (mixed precision pays on GPUs and on CPUs with those instructions)",
+                stacklevel=2,
+            )
     return torch.autocast(device_type, dtype=PRECISIONS[precision], cache_enabled=cache)
 
 

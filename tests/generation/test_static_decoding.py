@@ -83,18 +83,19 @@ def test_a_model_decoded_from_static_buffers_gives_the_logits_of_its_stream(name
             assert relative_error(network.static_step(tokens[:, t : t + 1], static), logits[:, -1]) < 1e-10
 
 
-@pytest.mark.parametrize(
-    ("name", "options"),
-    [
-        ("transformer_xl", {}),
-        ("transformer_xl", {"segment_length": 4, "memory_length": 6}),
-        ("fnet_ar_xl", {"segment_length": 3, "memory_length": 7, "window": 8}),
-        ("transformer_xl", {"segment_length": 8, "memory_length": 48}),  # a window of the capacity, shorter than M + S
-    ],
-)
+# Transformer-XL streams in segments (a stream's memory moves at each segment end), beside the default one segment
+XL_SEGMENTS = [
+    ("transformer_xl", {"segment_length": 4, "memory_length": 6}),
+    ("fnet_ar_xl", {"segment_length": 3, "memory_length": 7, "window": 8}),
+    ("transformer_xl", {"segment_length": 8, "memory_length": 48}),  # a window of the capacity, shorter than M + S
+]
+
+
+@pytest.mark.parametrize(("name", "options"), [("transformer_xl", {}), *XL_SEGMENTS])
 def test_a_transformer_xl_window_follows_its_moving_memory_with_rows_at_their_own_positions(name, options):
     """Two rows prefilled to different lengths (one mid-segment, one at a segment's end) stepped in one batch of static
-    windows, across segment ends where the stream's memory moves: each row's logits are those of its stream alone."""
+    windows, across segment ends where the stream's memory moves: each row's logits are those of its stream alone,
+    the windows written in place."""
     network = model(name, **options).double().eval()
     tokens = torch.randint(0, 20, (2, 40))
     with torch.no_grad():
@@ -103,20 +104,22 @@ def test_a_transformer_xl_window_follows_its_moving_memory_with_rows_at_their_ow
             for r, prefill in ((0, 5), (1, 12))
         ]
         static = type(streams[0]).concat([network.static_state(state, 40) for state in streams])
+        pointers = [tensor.data_ptr() for tensor in static.tensors()]
         for k in range(25):
             columns = (5 + k, 12 + k)
             got = network.static_step(torch.tensor([[tokens[r, c]] for r, c in enumerate(columns)]), static)
             for r, c in enumerate(columns):
                 logits, streams[r] = network(tokens[r : r + 1, c : c + 1], state=streams[r], return_state=True)
                 assert relative_error(got[r], logits[0, -1]) < 1e-10
+    assert [tensor.data_ptr() for tensor in static.tensors()] == pointers
 
 
-@pytest.mark.parametrize("name", [name for name in LM_MODELS if model(name).static_decoding])
-def test_a_static_step_is_captured_whole_and_makes_no_tensor_on_the_host(name):
+@pytest.mark.parametrize(("name", "options"), [(name, {}) for name in LM_MODELS] + XL_SEGMENTS[:2])
+def test_a_static_step_is_captured_whole_and_makes_no_tensor_on_the_host(name, options):
     """What a CUDA graph of the step needs, checked on the CPU through ``torch.compile``'s capture: nothing read back
     from the device (a read is a graph break, an error under ``fullgraph``) and no tensor made on the host (a copy to
     the device, which a CUDA graph cannot capture); the captured step writes the buffers as the eager one does."""
-    network = model(name).double().eval()
+    network = model(name, **options).double().eval()
     tokens = torch.randint(0, 20, (2, 12))
     host_made = []
 

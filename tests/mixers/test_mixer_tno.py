@@ -193,18 +193,20 @@ def test_the_fused_kernels_custom_operators_pass_opcheck():
         torch.library.opcheck(fused_toeplitz._product_and_sum_op, (*spectra, basis, readout, want_product))
 
 
-# Compiles the kernel the way a launch does (a signature of pointer and int arguments, the flags as constants) for CUDA
-# architectures, here without a GPU: Triton's compiler down to ptxas, which its interpreter never runs.
+# Compiles the kernel with a launch's signature (pointers of the spectrum's real dtype, the ints unspecialised, the
+# flags and tile as constants: the largest tile and one of a few channels and frequencies) for CUDA architectures,
+# here without a GPU: Triton's compiler down to ptxas, which its interpreter never runs.
 COMPILE_FOR_GPUS = """
 import sys, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from tokenmix.ops.fused_toeplitz import FP_FUSION, _kernel
 _, kernel = _kernel()
-for capability, real in (("80", "fp32"), ("90", "fp32"), ("90", "fp64"), ("100", "fp32")):
+for capability, real, tile in (("80", "fp32", (16, 64)), ("90", "fp32", (16, 64)), ("90", "fp32", (2, 4)), ("90", "fp64", (16, 64)),
+                               ("100", "fp32", (16, 64))):
     signature = {name: "*" + real if name.endswith("_ptr") else "constexpr" if name.isupper() else "i32" for name in kernel.arg_names}
     for conjugate, product, total in ((False, True, False), (True, True, True), (True, False, True), (True, True, False)):
-        flags = dict(CONJUGATE=conjugate, PRODUCT=product, SUM=total, BLOCK_C=16, BLOCK_F=64)
+        flags = dict(CONJUGATE=conjugate, PRODUCT=product, SUM=total, BLOCK_C=tile[0], BLOCK_F=tile[1])
         target, options = GPUTarget("cuda", int(capability), 32), {"enable_fp_fusion": FP_FUSION}
         compiled = triton.compile(ASTSource(kernel, signature, flags), target, options)
         print(capability, real, conjugate, product, total, len(compiled.asm["cubin"]))
@@ -213,11 +215,12 @@ for capability, real in (("80", "fp32"), ("90", "fp32"), ("90", "fp64"), ("100",
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the fused kernels need triton: pip install 'tokenmix[fused]'")
 def test_the_fused_kernel_compiles_for_ampere_hopper_and_blackwell_gpus(tmp_path):
-    """Each form of the kernel the products launch, in float32 and float64, compiled to a cubin for sm_80, sm_90 and
-    sm_100 (in a process without TRITON_INTERPRET, with an empty kernel cache): what the interpreter's tests cannot
-    check (types the compiler infers, loop-carried values, what the backends lower)."""
+    """Each form of the kernel the products launch, in float32 and float64, with the largest tile and a small one,
+    compiled to a cubin for sm_80, sm_90 and sm_100 (in a process without TRITON_INTERPRET, with an empty kernel cache):
+    what the interpreter's tests cannot check (types the compiler infers, loop-carried values, what the backends
+    lower)."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
     result = subprocess.run([sys.executable, "-c", COMPILE_FOR_GPUS], capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     cubins = [line.split() for line in result.stdout.splitlines()]
-    assert len(cubins) == 16 and all(int(size) > 0 for *_, size in cubins)
+    assert len(cubins) == 20 and all(int(size) > 0 for *_, size in cubins)

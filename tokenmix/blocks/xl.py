@@ -159,6 +159,7 @@ class XlBlock(Configurable, nn.Module):
         where the stream is one segment)."""
         check_static_decoding(self)
         check_state(state, XlState, None, None, "this Transformer-XL block")
+        check_int(capacity, "capacity", minimum=state.position + 1)
         context = torch.cat([state.memory, state.segment], dim=1)
         batch, held, dim = context.shape
         length = capacity if state.segment_length is None else min(capacity, self.memory_length + state.segment_length)
@@ -183,9 +184,13 @@ class XlBlock(Configurable, nn.Module):
             start = (t - t.remainder(state.segment_length))[:, None]
             key_mask &= (positions >= start - self.memory_length) & ((positions < start) | state.real)
         normed = self.mixer_norm(state.inputs)
-        mixed = self.mixed_norm(self.mixer.in_inner_precision(self.mixer.mix_static_context, normed[:, -1:], normed, key_mask, t))
-        y = x + self.dropout(mixed)
+        mixed = self.mixer.in_inner_precision(self.mixer.mix_static_context, normed[:, -1:], normed, key_mask, t)
         state.position.add_(1)
+        return self._residuals(x, mixed)
+
+    def _residuals(self, x: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
+        """x plus the mixer's output ``mixed`` (normed where the mixer asks it), then plus the FFN's (Dai et al. 2019, §3.2)."""
+        y = x + self.dropout(self.mixed_norm(mixed))
         return y + self.dropout(self.ffn(self.ffn_norm(y)))
 
     def _segment_step(self, x: torch.Tensor, real: torch.Tensor, state: XlState) -> tuple[torch.Tensor, XlState]:
@@ -194,11 +199,8 @@ class XlBlock(Configurable, nn.Module):
         remembered = torch.ones(x.shape[0], state.memory.shape[1], dtype=torch.bool, device=x.device)
         key_mask = torch.cat([remembered, state.segment_real, real], dim=1)
         normed = self.mixer_norm(context)
-        mixed = self.mixed_norm(
-            self.mixer.in_inner_precision(self.mixer.mix_context, normed[:, -x.shape[1] :], normed, key_mask, state.position)
-        )
-        y = x + self.dropout(mixed)
-        y = y + self.dropout(self.ffn(self.ffn_norm(y)))
+        mixed = self.mixer.in_inner_precision(self.mixer.mix_context, normed[:, -x.shape[1] :], normed, key_mask, state.position)
+        y = self._residuals(x, mixed)
         segment, segment_real = torch.cat([state.segment, x], dim=1), torch.cat([state.segment_real, real], dim=1)
         memory = state.memory
         if segment.shape[1] == state.segment_length:
@@ -224,11 +226,8 @@ class XlBlock(Configurable, nn.Module):
         prefix_real = torch.ones(x.shape[0], shard.stop, dtype=torch.bool, device=x.device) if prefix_real is None else prefix_real
         remembered = torch.ones(x.shape[0], state.memory.shape[1], dtype=torch.bool, device=x.device)
         key_mask = torch.cat([remembered, prefix_real], dim=1)
-        mixed = self.mixed_norm(
-            self.mixer.in_inner_precision(self.mixer.mix_context, normed, context, key_mask, state.position + shard.start)
-        )
-        y = x + self.dropout(mixed)
-        y = y + self.dropout(self.ffn(self.ffn_norm(y)))
+        mixed = self.mixer.in_inner_precision(self.mixer.mix_context, normed, context, key_mask, state.position + shard.start)
+        y = self._residuals(x, mixed)
         kept = min(self.memory_length, shard.length)
         tail, _ = run.span(x.detach(), lambda start, stop, length: (length - kept, length))
         memory = torch.cat([state.memory, tail], dim=1)[:, max(0, state.memory.shape[1] + kept - self.memory_length) :]

@@ -17,8 +17,8 @@ shifted right by i: the zero-padded, row-rolled Fourier matrix) applied to the 2
 
 from __future__ import annotations
 
+import functools
 import math
-from functools import lru_cache
 
 import torch
 
@@ -34,16 +34,19 @@ def fnet_mixing(x: torch.Tensor, sequence_only: bool = False) -> torch.Tensor:
 
 
 def _rolled_fourier_matrix(window: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """(W, 2W - 1): row i = [0]*i + cos(2 pi i m / W) for m < W + [0]*(W - 1 - i), made on ``device``, each angle
-    reduced exactly first (i m mod W, in integers) so that its cosine is as accurate in float32 as in float64."""
+    """(W, 2W - 1): row i = [0]*i + cos(2 pi i m / W) for m < W + [0]*(W - 1 - i), made on ``device``: each angle
+    reduced exactly first (i m mod W, in integers), its cosine in float64 (float32 on MPS, which has no float64),
+    then cast to ``dtype``."""
+    exact = torch.float32 if device.type == "mps" else torch.float64
     rows = torch.arange(window, device=device)[:, None]
     offset = torch.arange(2 * window - 1, device=device)[None, :] - rows  # m = column - i
     inside = (offset >= 0) & (offset < window)
-    angle = (rows * offset).remainder(window).to(dtype) * (2 * math.pi / window)
-    return torch.where(inside, torch.cos(angle), 0.0)
+    angle = (rows * offset).remainder(window).to(exact) * (2 * math.pi / window)
+    return torch.where(inside, torch.cos(angle), 0.0).to(dtype)
 
 
-_kept_fourier_matrices = lru_cache(maxsize=16)(_rolled_fourier_matrix)
+# Kept for the process, never dropped: a CUDA graph captured on a static step reads the matrix it was captured with.
+_kept_fourier_matrices = functools.cache(_rolled_fourier_matrix)
 
 
 def fourier_ar_matrix(window: int, dtype=torch.float32, device=None) -> torch.Tensor:
