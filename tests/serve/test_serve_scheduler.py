@@ -168,15 +168,30 @@ def test_static_batches_grow_by_graph_batches_whose_spare_rows_later_rows_take_i
     time; its spare rows are holes that reserve a row's bytes, and later rows take them in place (nothing appended,
     so the graph captured on the buffers stays). The state growing drops no hole (static buffers do not grow)."""
     served = Served(grows=(40,), static=True, max_batch=12, max_state_memory=10**7)  # at 40: three spare rows of eight
-    joins = []  # (rows joined in place, spare rows made, the cohort's rows after the join)
+    joins, keeps = [], []  # (rows joined in place, spare rows made, the cohort's rows after the join); compactions
     for _ in range(6):
         served.submit([1, 2, 3], max_tokens=100)
-        join = next(plan.joins[0] for plan in (served.step() for _ in range(20)) if plan.joins)
+        plans = [served.step()]
+        while not plans[-1].joins and len(plans) < 20:  # joins land every eighth iteration
+            plans.append(served.step())
+        keeps += [decode.keep for plan in plans for decode in plan.decodes if decode.keep is not None]
+        (join,) = plans[-1].joins
         joins.append((len(join.slots), join.padding, len(join.cohort.rows)))
-    assert joins == [(0, 0, 1), (0, 0, 2), (0, 1, 4), (1, 0, 4), (0, 3, 8), (1, 0, 8)]
+    assert joins == [(0, 0, 1), (0, 0, 2), (0, 1, 4), (1, 0, 4), (0, 3, 8), (1, 0, 8)] and keeps == []
     (cohort,) = served.scheduler.cohorts
     assert cohort.position > 40 and cohort.holes == {6: ROW_BYTES, 7: ROW_BYTES}
     assert served.scheduler.reserved == 8 * ROW_BYTES  # six requests' and two spare rows'
+
+
+@pytest.mark.parametrize(("max_batch", "budget_rows", "padding"), [(16, 100, 7), (12, 100, 3), (16, 11, 2)])
+def test_spare_rows_stay_within_the_batch_and_memory_limits(max_batch, budget_rows, padding):
+    """Nine rows joining at once would get seven spare rows: no more than ``max_batch`` rows in all, nor more bytes than
+    the budget has room for beside the requests' reservations."""
+    served = Served(static=True, max_batch=max_batch, max_state_memory=budget_rows * ROW_BYTES)
+    for _ in range(9):
+        served.submit([1, 2, 3], max_tokens=20)
+    (join,) = next(plan.joins for plan in (served.step() for _ in range(10)) if plan.joins)
+    assert join.padding == padding and served.scheduler.reserved == (9 + padding) * ROW_BYTES
 
 
 def test_static_batches_drop_their_holes_down_to_a_graph_batch_of_live_rows():

@@ -10,7 +10,9 @@ Each ``schedule()``:
    sample; a row that reaches ``max_tokens`` leaves a hole, and the holes are dropped (compaction) when
    they are three quarters of the batch, or a quarter of its live rows where the state grows
    (``StateSizes.grows_at``: that step copies every row anyway, and a Toeplitz state's also adds its
-   largest block of inputs to the outputs ahead, up to the furthest row's end, ``limit_steps``);
+   largest block of inputs to the outputs ahead, up to the furthest row's end, ``limit_steps``); static
+   buffers (``EngineConfig.decoding``) neither grow nor outgrow a hole: there only the three quarters, and
+   a batch whose buffers are made anew gets spare rows up to a ``graph_batch`` (``_pad``);
 4. plans one chunk of every prefill, so a long prompt never stalls the running rows for long.
 
 ``update_from_output`` then retires the rows that ended (a row stopped by a stop string leaves a hole
@@ -202,15 +204,15 @@ class Scheduler:
         return outgrown or 4 * holes >= 3 * len(cohort.rows) or grows
 
     def _pad(self, cohort: Cohort) -> int:
-        """With static decoding, spare rows (holes) after the cohort's rows up to a ``graph_batch`` of them, as many as
-        the memory budget has room for (each holds one row's static buffers): rows joining later take them in place,
-        and the graph captured on the buffers stays. The spare rows' count."""
+        """With static decoding, spare rows (holes) after the cohort's rows up to a ``graph_batch`` of them, at most
+        ``max_batch`` rows and as many as the memory budget has room for (each holds one row's static buffers): rows
+        joining later take them in place, and the graph captured on the buffers stays. The spare rows' count."""
         if not self.sizes.static:
             return 0
         nbytes, rows = self.sizes.static_row, len(cohort.rows)
         with self.lock:
             room = (self.config.max_state_memory - self.reserved - self.cache.nbytes()) // nbytes
-            padding = max(0, min(graph_batch(rows) - rows, room))
+            padding = max(0, min(graph_batch(rows) - rows, self.config.max_batch - rows, room))
             self.reserved += padding * nbytes
         cohort.holes.update(dict.fromkeys(range(rows, rows + padding), nbytes))
         cohort.rows += [None] * padding
