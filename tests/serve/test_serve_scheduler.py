@@ -13,6 +13,7 @@ pytest.importorskip("prometheus_client", reason='the server needs its extra: pip
 
 from tokenmix.serve.config import EngineConfig, ServeConfig  # noqa: E402
 from tokenmix.serve.jobs import Busy, Finished, Job, Sampling, Token, Unavailable  # noqa: E402
+from tokenmix.serve.memory import StateSizes  # noqa: E402
 from tokenmix.serve.metrics import ServeMetrics  # noqa: E402
 from tokenmix.serve.output import OutputProcessor  # noqa: E402
 from tokenmix.serve.scheduler import Scheduler  # noqa: E402
@@ -36,9 +37,9 @@ class FakeState:
         return FakeState(len(rows))
 
 
-class FakeSizes:
+class FakeSizes(StateSizes):
     """Every row weighs ``ROW_BYTES`` at every position (with ``static`` decoding, its static buffers too); the states
-    grow at ``grows``."""
+    grow at ``grows``. Nothing measured: the compaction and spare-row rules are ``StateSizes``'s own."""
 
     def __init__(self, grows: tuple[int, ...] = (), static: bool = False):
         self.grows, self.static, self.static_row = grows, static, ROW_BYTES if static else 0

@@ -55,6 +55,17 @@ class Cohort:
     def alive(self) -> list[int]:
         return [index for index, row in enumerate(self.rows) if row is not None]
 
+    def add_holes(self, count: int, nbytes: int) -> None:
+        """``count`` holes after the rows, each keeping ``nbytes`` reserved (spare rows of static buffers)."""
+        self.holes.update(dict.fromkeys(range(len(self.rows), len(self.rows) + count), nbytes))
+        self.rows += [None] * count
+
+    def drop_holes(self) -> int:
+        """Drop the holes from the bookkeeping (the model runner drops them from the state); the bytes they kept."""
+        self.rows = [row for row in self.rows if row is not None]
+        kept, self.holes = sum(self.holes.values()), {}
+        return kept
+
     def life(self) -> int:
         """Iterations until its last row ends (at most: a stop may end a row sooner)."""
         return max((row.steps_left() for row in self.rows if row is not None), default=0)

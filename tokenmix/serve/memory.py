@@ -1,5 +1,5 @@
-"""What a row's streaming state weighs: measured once on the model, read by admission (the memory budget)
-and by compaction (where a state grows)."""
+"""What a row's streaming state weighs: measured once on the model, read by admission (the memory budget),
+by compaction (where a state grows) and by the spare rows of static buffers."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from itertools import pairwise
 
 import torch
 
+from ..generation.graphs import graph_batch
 from .joining import PAD_FLOOR
 
 
@@ -41,6 +42,24 @@ class StateSizes:
         """Whether a state reaching ``position`` grows there: a bound holding more bytes than the one before
         (a Toeplitz state doubles its history on the step to each power of two; a fixed-size state never grows)."""
         return any(bound == position and size > before for (_, before), (bound, size) in pairwise(self.bounds))
+
+    def compaction_due(self, cohort) -> bool:
+        """Whether a cohort's holes go before its next step: holes three quarters of the rows; streamed (static buffers
+        neither grow nor outgrow a hole), also a hole past its reservation or a quarter of the live rows on a step where
+        the state grows."""
+        holes = len(cohort.holes)
+        if self.static:
+            return 4 * holes >= 3 * len(cohort.rows)
+        outgrown = any(nbytes < self.at(cohort.position + 1) for nbytes in cohort.holes.values())
+        grows = self.grows_at(cohort.position) and 4 * holes >= len(cohort.rows) - holes
+        return outgrown or 4 * holes >= 3 * len(cohort.rows) or grows
+
+    def spare_rows(self, rows: int, max_batch: int, free_bytes: int) -> int:
+        """With static buffers, the spare rows a batch of ``rows`` made anew gets: up to a ``graph_batch`` of rows, at
+        most ``max_batch`` in all, and each holding one row's static buffers within ``free_bytes``; none streamed."""
+        if not self.static:
+            return 0
+        return max(0, min(graph_batch(rows) - rows, max_batch - rows, free_bytes // self.static_row))
 
     def row_bytes(self, prompt: int, max_tokens: int) -> int:
         """The most a row of this prompt and completion may hold, whatever padding it is given."""

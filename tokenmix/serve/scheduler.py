@@ -7,7 +7,8 @@ Each ``schedule()``:
 1. drops the sequences whose client went away, and admits the waiting requests (``Placement``);
 2. lands the prefills that are done reading in their cohort: into its holes, the rest appended;
 3. plans one step of every cohort: a row still reading its prompt takes its next token, the others
-   sample; a row that reaches ``max_tokens`` leaves a hole, and the holes are dropped (compaction) when
+   sample; a row that reaches ``max_tokens`` leaves a hole, and the holes are dropped (compaction,
+   ``StateSizes.compaction_due``) when
    they are three quarters of the batch, or a quarter of its live rows where the state grows
    (``StateSizes.grows_at``: that step copies every row anyway, and a Toeplitz state's also adds its
    largest block of inputs to the outputs ahead, up to the furthest row's end, ``limit_steps``); static
@@ -25,7 +26,6 @@ import threading
 import time
 from collections import deque
 
-from ..generation.graphs import graph_batch
 from .batches import Cohort, Prefill, Row
 from .config import EngineConfig
 from .jobs import Busy, Failed, Job, Unavailable
@@ -156,7 +156,7 @@ class Scheduler:
             return None
         reset = not cohort.alive()
         if reset:
-            self._compact(cohort)
+            self._release(cohort.drop_holes())
         slots = sorted(cohort.holes)[: len(rows)]
         for slot, row in zip(slots, rows, strict=False):
             cohort.rows[slot] = row
@@ -184,45 +184,23 @@ class Scheduler:
             if len(row.tokens) + 1 >= row.job.sampling.max_tokens:  # its last token
                 self._leave(cohort, slot)
         keep, padding = None, 0
-        if self._compaction_due(cohort):
+        if self.sizes.compaction_due(cohort):
             keep = cohort.alive() if len(cohort.alive()) < len(cohort.rows) else None
-            self._compact(cohort)
+            self._release(cohort.drop_holes())
             padding = self._pad(cohort) if keep else 0
         sampled = set(map(id, rows))  # their coming token counts as sampled
         steps = [0 if row is None else row.steps_left() - (id(row) in sampled) for row in cohort.rows]
         return DecodeStep(cohort, inputs, sampling, rows, keep, steps, padding)
 
-    def _compaction_due(self, cohort: Cohort) -> bool:
-        """Whether the holes go before this step: holes three quarters of the rows; streamed (not static buffers,
-        which neither grow nor outgrow a hole), also a hole past its reservation or a quarter of the live rows on
-        a step where the state grows."""
-        holes = len(cohort.holes)
-        if self.sizes.static:
-            return 4 * holes >= 3 * len(cohort.rows)
-        outgrown = any(nbytes < self.sizes.at(cohort.position + 1) for nbytes in cohort.holes.values())
-        grows = self.sizes.grows_at(cohort.position) and 4 * holes >= len(cohort.rows) - holes
-        return outgrown or 4 * holes >= 3 * len(cohort.rows) or grows
-
     def _pad(self, cohort: Cohort) -> int:
-        """With static decoding, spare rows (holes) after the cohort's rows up to a ``graph_batch`` of them, at most
-        ``max_batch`` rows and as many as the memory budget has room for (each holds one row's static buffers): rows
-        joining later take them in place, and the graph captured on the buffers stays. The spare rows' count."""
-        if not self.sizes.static:
-            return 0
-        nbytes, rows = self.sizes.static_row, len(cohort.rows)
+        """Spare rows (holes) after the cohort's rows, as many as ``StateSizes.spare_rows`` gives it beside the others'
+        reservations: rows joining later take them in place, and the graph captured on the buffers stays. Their count."""
+        rows, nbytes = len(cohort.rows), self.sizes.static_row
         with self.lock:
-            room = (self.config.max_state_memory - self.reserved - self.cache.nbytes()) // nbytes
-            padding = max(0, min(graph_batch(rows) - rows, self.config.max_batch - rows, room))
+            padding = self.sizes.spare_rows(rows, self.config.max_batch, self.config.max_state_memory - self.reserved - self.cache.nbytes())
             self.reserved += padding * nbytes
-        cohort.holes.update(dict.fromkeys(range(rows, rows + padding), nbytes))
-        cohort.rows += [None] * padding
+        cohort.add_holes(padding, nbytes)
         return padding
-
-    def _compact(self, cohort: Cohort) -> None:
-        """Drop the holes from the bookkeeping (the runner drops them from the state)."""
-        cohort.rows = [row for row in cohort.rows if row is not None]
-        self._release(sum(cohort.holes.values()))
-        cohort.holes = {}
 
     def _remember(self, prefill: Prefill) -> None:
         """Cache the prompts ``prefill`` read that are long enough."""
