@@ -67,8 +67,9 @@ class ExponentialDecay(nn.Module):
         return self.floor + (1.0 - self.floor) * torch.sigmoid(self.logit)
 
     def forward(self, lags: torch.Tensor) -> torch.Tensor:
-        rate = self.rate()
-        return torch.exp(lags.abs() * (math.log(rate) if isinstance(rate, float) else torch.log(rate.to(lags.dtype))))
+        if self.logit is None:
+            return torch.exp(lags.abs() * math.log(self.floor))
+        return torch.exp(lags.abs() * torch.log(self.rate().to(lags.dtype)))
 
     def extra_repr(self) -> str:
         return f"decay={self.floor}, learnable={self.logit is not None}"
