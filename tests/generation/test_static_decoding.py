@@ -117,14 +117,17 @@ def test_a_transformer_xl_window_follows_its_moving_memory_with_rows_at_their_ow
 @pytest.mark.parametrize(("name", "options"), [(name, {}) for name in LM_MODELS] + XL_SEGMENTS[:2])
 def test_a_static_step_is_captured_whole_and_makes_no_tensor_on_the_host(name, options):
     """What a CUDA graph of the step needs, checked on the CPU through ``torch.compile``'s capture: nothing read back
-    from the device (a read is a graph break, an error under ``fullgraph``) and no tensor made on the host (a copy to
-    the device, which a CUDA graph cannot capture); the captured step writes the buffers as the eager one does."""
+    from the device (a read is a graph break, an error under ``fullgraph``), no tensor made on the host (a copy to
+    the device, which a CUDA graph cannot capture) and one capture for every position (a step that read a position
+    kept on the host would be recompiled at each: a CUDA graph would replay the first's); the captured step writes
+    the buffers as the eager one does."""
     network = model(name, **options).double().eval()
     tokens = torch.randint(0, 20, (2, 12))
-    host_made = []
+    host_made, captures = [], []
 
     def backend(graph, example_inputs):
         host_made.extend(host_made_tensors(graph))
+        captures.append(graph)
         return graph.forward
 
     torch._dynamo.reset()
@@ -135,6 +138,7 @@ def test_a_static_step_is_captured_whole_and_makes_no_tensor_on_the_host(name, o
         for t in range(5, 12):
             assert relative_error(step(tokens[:, t : t + 1], captured), network.static_step(tokens[:, t : t + 1], eager)) < 1e-12
     assert not host_made, host_made
+    assert len(captures) == 1
 
 
 @pytest.mark.parametrize("name", [name for name in LM_MODELS if model(name).static_decoding])
