@@ -8,11 +8,14 @@ from dataclasses import fields
 import pytest
 import torch
 from conftest import usage_error
+from torch.autograd import DeviceType
+from torch.autograd.profiler_util import FunctionEventAvg
 
 from tokenmix.bench import MEASUREMENT_FIELDS, Case, measure
 from tokenmix.bench import run as bench_run
 from tokenmix.bench import serve as serve_bench
 from tokenmix.bench.plan import apply_presets, bench_cases
+from tokenmix.bench.profiling import ranked_work
 from tokenmix.bench.records import GenerateMeasurement, MixerGenerateMeasurement, failed_measurement
 from tokenmix.bench.report import markdown_report, reading
 from tokenmix.bench.timing import time_tokens
@@ -49,12 +52,16 @@ SIZES = ["--dim", "8", "--model-dim", "8", "--batch-tokens", "64", "--repeats", 
 
 
 def check_record(record: dict, provenance: bool = True) -> None:
-    assert set(record) == set(MEASUREMENT_FIELDS) == set(FIELD_TYPES) | set(RATIO_FIELDS) | set(SETTING_FIELDS) | {"error", "profile"}
+    assert (
+        set(record)
+        == set(MEASUREMENT_FIELDS)
+        == set(FIELD_TYPES) | set(RATIO_FIELDS) | set(SETTING_FIELDS) | {"error", "profile", "busy_ms"}
+    )
     assert (record["depth"] is not None) == (record["kind"] == "model") and (record["compile_mode"] is not None) == record["compiled"]
     for name, kind in FIELD_TYPES.items():
         if provenance or name not in ("retain_freed_memory", "git_commit"):
             assert isinstance(record[name], kind), name
-    assert record["error"] is None and record["profile"] is None
+    assert record["error"] is None and record["profile"] is None and record["busy_ms"] is None
     assert record["forward_ms"] > 0 and record["forward_backward_ms"] > 0 and record["peak_mem_mb"] >= 0
     fft_based = record["kind"] == "mixer" and record["mixer"] in ("tno", "fnet")
     for name in RATIO_FIELDS:
@@ -521,3 +528,42 @@ def test_the_precision_kind_tabulates_each_mixers_errors_against_float64(tmp_pat
     assert "output_error" in capsys.readouterr().out
     message = usage_error(["bench", "--kinds", "precision", "--mixers", "tno", "--lengths", "7", "--dim", "8"], capsys)
     assert "--kinds precision measures a mixed precision against float64: give --precision bf16 or fp16" in message
+
+
+def profiled_event(key: str, device_type: DeviceType, self_cpu_us: float = 0.0, self_device_us: float = 0.0, annotation=False):
+    event = FunctionEventAvg()
+    event.key, event.device_type, event.is_user_annotation = key, device_type, annotation
+    event.self_cpu_time_total, event.self_device_time_total = self_cpu_us, self_device_us
+    return event
+
+
+def test_a_cuda_profile_ranks_kernels_and_counts_each_once():
+    """kineto's averaged events on CUDA: operators carry their kernels' device time too, and a named range leaves a span
+    on the device; the kernels alone make the busy time, two instances of one template one row."""
+    cpu, cuda = DeviceType.CPU, DeviceType.CUDA
+    events = [
+        profiled_event("aten::mm", cpu, self_cpu_us=30.0, self_device_us=600.0),
+        profiled_event("sm90_xmma_gemm_bf16bf16_bf16f32", cuda, self_device_us=600.0),
+        profiled_event("aten::mul", cpu, self_cpu_us=20.0, self_device_us=300.0),
+        profiled_event("void at::native::vectorized_elementwise_kernel<4, MulFunctor<float> >(int, MulFunctor<float>)", cuda, 0, 200.0),
+        profiled_event("void at::native::vectorized_elementwise_kernel<4, AddFunctor<float> >(int, AddFunctor<float>)", cuda, 0, 100.0),
+        profiled_event("Memcpy DtoD (Device -> Device)", cuda, self_device_us=300.0),
+        profiled_event("tokenmix::channels_first", cuda, self_device_us=900.0, annotation=True),
+    ]
+    rows, busy_ms = ranked_work(events, on_device=True, steps=3)
+    assert busy_ms == pytest.approx(1.2 / 3)
+    assert [(row["op"], row["share"]) for row in rows] == [
+        ("sm90_xmma_gemm_bf16bf16_bf16f32", 0.5),
+        ("at::native::vectorized_elementwise_kernel", 0.25),
+        ("Memcpy DtoD", 0.25),
+    ]
+    cpu_rows, cpu_ms = ranked_work(events, on_device=False, steps=1)
+    assert cpu_rows[0]["op"] == "aten::mm" and cpu_ms == pytest.approx(0.05)
+
+
+def test_the_report_says_how_busy_a_profiled_cuda_step_keeps_the_device(tmp_path):
+    record = measure(Case("mixer", "tno", True, 16, 32, 8), repeats=1, profile=True).to_dict()
+    assert record["busy_ms"] is None  # the CPU: its operators' self time is no measure of idling
+    on_cuda = {**record, "device": "cuda", "busy_ms": record["forward_backward_ms"] / 4}
+    text = markdown_report([on_cuda], "tokenmix bench --profile", "test machine", [], tmp_path / "report.md")
+    assert f"The device is busy {on_cuda['busy_ms']:.4g} ms of the step's {record['forward_backward_ms']:.4g} ms (25%)." in text

@@ -27,8 +27,9 @@ from ..train.memory import reset_resident_peak, resident_peak
 from .accuracy import measure_precision
 from .cases import DTYPES, Case
 from .generate import measure_generate, measure_generate_mixer
+from .profiling import profile_step
 from .records import Measurement, Record, identity
-from .timing import median_ms, sync
+from .timing import median_ms
 
 FLOOR_FIELDS = ("fft_channels_last_ms", "fft_channels_first_ms", "fft_floor_ms")
 
@@ -57,33 +58,6 @@ def fft_floor_ms(x: torch.Tensor, repeats: int, grid: tuple[int, int] | None = N
     last = median_ms(round_trip(channels_last, list(range(1, 1 + dims))), x.device, repeats)
     first = median_ms(round_trip(channels_first, list(range(-dims, 0))), x.device, repeats)
     return {"fft_channels_last_ms": last, "fft_channels_first_ms": first, "fft_floor_ms": min(last, first)}
-
-
-PROFILE_ROWS = 12
-
-
-def profile_step(function, device: torch.device, steps: int = 3) -> list[dict]:
-    """The operators with the most self time in ``function`` (a training step), per step: op, self_ms, share;
-    tokenmix's own named ranges (``tokenmix::...``) are always listed, wherever their self time ranks.
-
-    torch.profiler records ``steps`` calls after two unrecorded warm-up calls under the profiler
-    (its own allocations would otherwise land in the first recorded steps). CPU self time on CPU,
-    device self time on CUDA; the blocked transposes into the FFTs' layout show as ``tokenmix::channels_first``.
-    """
-    from torch.profiler import ProfilerActivity, profile, schedule
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities, schedule=schedule(wait=1, warmup=2, active=steps)) as profiler:
-        for _ in range(1 + 2 + steps):
-            function()
-            sync(device)
-            profiler.step()
-    events = profiler.key_averages()
-    attribute = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    total = sum(getattr(event, attribute) for event in events) or 1.0
-    ranked = sorted(events, key=lambda event: getattr(event, attribute), reverse=True)
-    top = ranked[:PROFILE_ROWS] + [e for e in ranked[PROFILE_ROWS:] if e.key.startswith("tokenmix::")]
-    return [{"op": e.key, "self_ms": getattr(e, attribute) / 1e3 / steps, "share": getattr(e, attribute) / total} for e in top]
 
 
 def measure(case: Case, repeats: int = 7, profile: bool = False) -> Record:
@@ -132,7 +106,7 @@ def measure_training(case: Case, repeats: int, profile: bool) -> Measurement:
         after = resident_peak()
         peak = None if None in (before, after) else (after - before) / 2**20
     forward_backward_ms = median_ms(forward_backward, device, repeats)
-    operators = profile_step(forward_backward, device) if profile else None
+    operators, busy_ms = profile_step(forward_backward, device) if profile else (None, None)
     module.eval()
 
     def forward():
@@ -153,4 +127,5 @@ def measure_training(case: Case, repeats: int, profile: bool) -> Measurement:
         fwd_ratio_to_fft=forward_ms / floor if floor else None,
         fwdbwd_ratio_to_fft=forward_backward_ms / floor if floor else None,
         profile=operators,
+        busy_ms=busy_ms,
     )

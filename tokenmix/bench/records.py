@@ -53,6 +53,7 @@ class Measurement(Record):
     fwd_ratio_to_fft: float | None
     fwdbwd_ratio_to_fft: float | None
     profile: list[dict] | None = None  # with --profile: the operators taking most of a training step
+    busy_ms: float | None = None  # with --profile on CUDA: the time a training step keeps the device busy (its kernels' time)
 
 
 @dataclass(kw_only=True)

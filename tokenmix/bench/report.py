@@ -406,6 +406,9 @@ def profile_sections(records: list[dict]) -> list[str]:
             f"### {_label((record['kind'], record['mixer'], record['causal']))}, length {record['length']}, batch {record['batch']}",
             "",
         ]
+        if record.get("busy_ms") is not None:  # CUDA: the rest of the step the device waits on the host
+            busy, step = record["busy_ms"], record["forward_backward_ms"]
+            parts += [f"The device is busy {busy:.4g} ms of the step's {step:.4g} ms ({busy / step:.0%}).", ""]
         rows = [{"op": row["op"], "self_ms": row["self_ms"], "share": f"{row['share']:.1%}"} for row in record["profile"]]
         parts += [format_table(rows, ["op", "self_ms", "share"]), ""]
     return parts
