@@ -1,12 +1,16 @@
 """The docs name what the code accepts, and cite papers the way a reader can find them."""
 
 import re
+import shlex
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from locations import ROOT
 
 import tokenmix
+from tokenmix.bench.plan import apply_presets, bench_cases, check_cases
+from tokenmix.cli import build_parser
 from tokenmix.mixers.parts import leaf_names
 from tokenmix.mixers.registry import resolve_mixer_options
 from tokenmix.models import resolve_model_options
@@ -107,3 +111,45 @@ def test_links_between_pages_reach_a_file_and_a_heading():
             if not linked.exists() or (anchor and linked.suffix == ".md" and anchor not in anchors(linked)):
                 broken.append(f"{page.relative_to(ROOT)}: {target}")
     assert not broken, broken
+
+
+def gpu_checks_bench_commands() -> list[list[str]]:
+    """The ``tokenmix bench`` argument lists of docs/results/gpu_checks.sh, its ``bench NAME ARGS...`` lines with the
+    helper's own arguments put in and the loop's ``$kernels`` taken each way."""
+    script = (ROOT / "docs" / "results" / "gpu_checks.sh").read_text().replace("\\\n", " ")
+    helper = re.search(r'^bench\(\) \{ step "\$1" tokenmix bench (.*) "\$\{@:2\}"; \}$', script, re.MULTILINE)
+    loop = re.search(r"^for kernels in ([\w ]+); do$", script, re.MULTILINE)
+    assert helper and loop, "gpu_checks.sh: its bench() helper or its loop over kernels changed: update this test"
+    commands = []
+    for line in re.findall(r"^\s*bench (.*)$", script, re.MULTILINE):
+        for kernels in loop.group(1).split() if "$kernels" in line else [None]:
+            words = shlex.split(line.replace('"$kernels"', kernels or ""))
+            commands.append(["bench", *shlex.split(helper.group(1).replace('"$out/$1.json"', f"/tmp/{words[0]}.json")), *words[1:]])
+    return commands
+
+
+@pytest.mark.filterwarnings("ignore:bf16 on this CPU")
+def test_the_gpu_checks_script_asks_only_for_what_the_bench_accepts():
+    """A lent GPU's minutes are few: every benchmark the script runs there parses, plans its cases and builds and runs
+    each once at a tiny length here (``check_cases``, on the CPU and with PyTorch's products)."""
+    commands = gpu_checks_bench_commands()
+    assert len(commands) == 6
+    for command in commands:
+        args = build_parser().parse_args(command)
+        apply_presets(args)
+        cases = bench_cases(args)
+        assert cases and {case.device for case in cases} == {"cuda"}, command
+        check_cases([replace(case, device="cpu", kernels="torch") for case in cases])
+
+
+def test_every_test_the_gpu_checks_script_selects_exists():
+    """Each word of the script's ``-k`` expression names a test in the files it runs: a renamed test is not silently
+    left out of the only run that has a GPU."""
+    script = (ROOT / "docs" / "results" / "gpu_checks.sh").read_text().replace("\\\n", " ")
+    run = re.search(r"^step tests python -m pytest (.*)$", script, re.MULTILINE)
+    assert run, "gpu_checks.sh: its pytest step changed: update this test"
+    words = shlex.split(run.group(1))
+    files = [word for word in words if word.startswith("tests/")]
+    names = re.findall(r"^def (test_\w+)", "".join((ROOT / file).read_text() for file in files), re.MULTILINE)
+    selected = words[words.index("-k") + 1].split(" or ")
+    assert files and [word for word in selected if not any(word in name for name in names)] == []

@@ -30,16 +30,19 @@ step tests python -m pytest -q -n 4 tests/ops/test_op_forms.py tests/mixers/test
     -k "fused or proved or cuda_graph or generation_on_the_device or engine_serves"
 
 # 2. The tno mixer against the FFT floor at 4096 and 65536 tokens per batch, bf16, with PyTorch's products and with the
-#    fused ones: eager, then compiled with CUDA graphs (the fused kernels are custom operators inside the graph).
+#    fused ones: eager (profiled: the kernels and the device's busy time), then compiled with CUDA graphs (the fused
+#    kernels are custom operators inside the graph).
 for kernels in torch fused; do
-    bench "tno_bf16_eager_$kernels" --causal yes --kinds mixer --mixers tno --lengths 512,65536 --precision bf16 --kernels "$kernels"
+    bench "tno_bf16_eager_$kernels" --causal yes --kinds mixer --mixers tno --lengths 512,65536 --precision bf16 --kernels "$kernels" \
+        --profile
     bench "tno_bf16_cudagraphs_$kernels" --causal yes --kinds mixer --mixers tno --lengths 512,65536 --precision bf16 --compile \
         --compile-mode reduce-overhead --kernels "$kernels"
 done
 
-# 3. The papers' models against the Transformer, width 512, depth 6, 16384 tokens per step, bf16 compiled, fused kernels.
+# 3. The papers' models against the Transformer, width 512, depth 6, 16384 tokens per step, bf16 compiled, fused kernels;
+#    with the kernels that take each step's time and how busy they keep the device (--profile: busy_ms).
 bench models_bf16_compiled_fused --causal yes --kinds model --model-dim 512 --depth 6 --batch-tokens 16384 \
-    --models tnn,fd_tnn,ski_tnn,transformer --lengths 2048,16384 --precision bf16 --compile --kernels fused
+    --models tnn,fd_tnn,ski_tnn,transformer --lengths 2048,16384 --precision bf16 --compile --kernels fused --profile
 
 # 4. One-token decoding at batch 1: the stream's step against the CUDA graph of the static step (static_speedup).
 bench generate_graphs --kinds generate --generate-batch 1 --model-dim 512 \
