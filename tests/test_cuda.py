@@ -167,6 +167,27 @@ def test_a_cuda_graph_of_the_static_step_replays_the_eager_static_step(name, opt
                     net(tokens).sum().backward()
 
 
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("name", ["tnn", "transformer_xl"])
+def test_cuda_graphs_sharing_a_memory_pool_replay_in_any_order(name):
+    """The server's cohorts: graphs of different batches captured on one pool (a later one's logits may lie where an
+    earlier one keeps temporaries), replayed in turn and in either order, each equal to its eager static step."""
+    from tokenmix.generation.graphs import StepGraph
+
+    net, pool = on_device(model(name).double().eval()), torch.cuda.graph_pool_handle()
+    tokens = torch.randint(0, 20, (5, 30), device=DEVICE)
+    with torch.no_grad():
+        _, state = net(tokens[:, :4], state=net.init_state(5, max_length=30), return_state=True)
+        batches = [[0], [1, 2, 3, 4]]
+        graphs = [StepGraph(net, net.static_state(state.select(rows), 30), pool) for rows in batches]
+        eager = [net.static_state(state.select(rows), 30) for rows in batches]
+        for t in range(4, 30):
+            for index in (0, 1) if t % 2 else (1, 0):
+                rows = batches[index]
+                got = graphs[index].step(tokens[rows, t])
+                assert relative_error(got, net.static_step(tokens[rows, t : t + 1], eager[index])) < 1e-12, (t, index)
+
+
 @pytest.mark.parametrize("name", DISTILLABLE)
 def test_distilling_on_the_device_fits_the_modes_it_fits_on_cpu(name):
     """``distil`` reads each Toeplitz mixer's taps where the model is and fits them on the CPU; the

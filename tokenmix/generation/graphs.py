@@ -45,10 +45,16 @@ def graph_batch(rows: int) -> int:
 class StepGraph:
     """``model.static_step`` on the buffers of the static ``state`` captured as one CUDA graph: ``step(tokens)`` writes
     the ids into the graph's input buffer and replays it. The graph keeps the state's tensors (it reads and writes
-    them); the parts' operators it reads (a Toeplitz mixer's static taps) must stay: the weights must not change."""
+    them); the parts' operators it reads (a Toeplitz mixer's static taps) must stay: the weights must not change.
+
+    ``pool`` (``torch.cuda.graph_pool_handle()``) shares one memory pool between graphs, as vLLM's decode graphs do:
+    their temporaries take the memory of the largest step, not the sum of all. A later capture may place its logits
+    where an earlier graph keeps temporaries, which a replay of that graph overwrites: ``step`` returns a copy of the
+    logits at once, and the state's buffers (made before the capture) and the caches (filled by the eager step before
+    it) hold no memory of the pool."""
 
     @torch.no_grad()
-    def __init__(self, model, state):
+    def __init__(self, model, state, pool=None):
         device = next(model.parameters()).device
         if device.type != "cuda":
             raise ValueError(f"CUDA graphs need a model on a CUDA device, got {device}")
@@ -60,7 +66,7 @@ class StepGraph:
             model.static_step(self.tokens[:1], state.select([0]))
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, pool=pool):
             self.logits = model.static_step(self.tokens, state)
 
     def captured_on(self, state) -> bool:

@@ -4,7 +4,8 @@ tensors (the cohorts' and prefills' states and logits).
 With static decoding (``EngineConfig.decoding``, ``tokenmix.generation.graphs``) a cohort's state is held in
 static buffers from the moment its rows join it (prefills read as streams): on CUDA each cohort's step is a
 CUDA graph captured on its buffers, again only when they change (rows dropped or appended past the spare rows
-its buffers were made with, ``graph_batch``; a join into holes or spare rows writes in place)."""
+its buffers were made with, ``graph_batch``; a join into holes or spare rows writes in place); the cohorts' graphs
+share one memory pool (``StepGraph``)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ class ModelRunner:
         self.context, self.prefill_threads = config.context, config.prefill_threads
         self.device = next(model.parameters()).device
         self.static = use_static_decoding(model, config.decoding, self.device)
+        self.graph_pool = torch.cuda.graph_pool_handle() if self.static and self.device.type == "cuda" else None
 
     def execute(self, plan: StepPlan, lap: Callable[[str], None] = lambda phase: None) -> ModelOutput:
         """The plan's joins, decoding steps and chunks, in that order (``lap`` marks the end of each phase)."""
@@ -99,7 +101,7 @@ class ModelRunner:
             return self.model.static_step(tokens[:, None], cohort.state)
         if cohort.graph is None or not cohort.graph.captured_on(cohort.state):
             cohort.graph = None  # the old graph's memory goes back first
-            cohort.graph = StepGraph(self.model, cohort.state)
+            cohort.graph = StepGraph(self.model, cohort.state, self.graph_pool)
         return cohort.graph.step(tokens)
 
     def read(self, step: ChunkStep) -> None:
