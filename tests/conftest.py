@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 LENGTHS = (1, 7, 100, 1000, 1024)
 
@@ -85,6 +86,18 @@ def host_made_tensors(graph: torch.fx.GraphModule) -> list[str]:
                 if node.op == "call_function" and node.target in FACTORIES and node.kwargs.get("device") is None:
                     found.append(node.meta.get("stack_trace", "").strip().splitlines()[-2:])
     return found
+
+
+class OperatorsCalled(TorchDispatchMode):
+    """The ATen operators run inside ``with OperatorsCalled() as called:``, by name in ``called.operators``."""
+
+    def __enter__(self):
+        self.operators: list[str] = []
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.operators.append(func.name())
+        return func(*args, **(kwargs or {}))
 
 
 def assert_causal_gradient(grad: torch.Tensor, position: int, tolerance: float = 1e-12) -> None:

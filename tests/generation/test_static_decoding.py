@@ -8,7 +8,7 @@ it as one on a GPU).
 
 import pytest
 import torch
-from conftest import LENGTHS, host_made_tensors, relative_error
+from conftest import LENGTHS, OperatorsCalled, host_made_tensors, relative_error
 from test_contracts import CAUSAL, LM_MODELS, mixer, model
 
 from tokenmix.generation import StaticDecoder, generate
@@ -114,7 +114,10 @@ def test_a_transformer_xl_window_follows_its_moving_memory_with_rows_at_their_ow
     assert [tensor.data_ptr() for tensor in static.tensors()] == pointers
 
 
-@pytest.mark.parametrize(("name", "options"), [(name, {}) for name in LM_MODELS] + XL_SEGMENTS[:2])
+DISTILLED_WINDOW = ("tnn", {"mixer": {"name": "ssm", "order": 4, "window": 2}})  # a distilled model: modes and free taps
+
+
+@pytest.mark.parametrize(("name", "options"), [(name, {}) for name in LM_MODELS] + XL_SEGMENTS[:2] + [DISTILLED_WINDOW])
 def test_a_static_step_is_captured_whole_and_makes_no_tensor_on_the_host(name, options):
     """What a CUDA graph of the step needs, checked on the CPU through ``torch.compile``'s capture: nothing read back
     from the device (a read is a graph break, an error under ``fullgraph``), no tensor made on the host (a copy to
@@ -139,6 +142,22 @@ def test_a_static_step_is_captured_whole_and_makes_no_tensor_on_the_host(name, o
             assert relative_error(step(tokens[:, t : t + 1], captured), network.static_step(tokens[:, t : t + 1], eager)) < 1e-12
     assert not host_made, host_made
     assert len(captures) == 1
+
+
+@pytest.mark.parametrize(("name", "options"), [(name, {}) for name in LM_MODELS] + XL_SEGMENTS[:2] + [DISTILLED_WINDOW])
+def test_a_static_step_after_the_eager_step_of_one_row_runs_no_fft(name, options):
+    """``StepGraph`` captures a batch's step after an eager step of one row's copy, which fills the operators the
+    parts cache; an FFT in the captured step would make its cuFFT plan (one per shape: the batch's is new) inside the
+    capture, which fails."""
+    network = model(name, **options).double().eval()
+    tokens = torch.randint(0, 20, (3, 8))
+    with torch.no_grad():
+        _, state = network(tokens[:, :5], state=network.init_state(3, max_length=16), return_state=True)
+        static = network.static_state(state, 16)
+        network.static_step(tokens[:1, 5:6], static.select([0]))
+        with OperatorsCalled() as called:
+            network.static_step(tokens[:, 5:6], static)
+    assert called.operators and not [name for name in called.operators if "fft" in name]
 
 
 @pytest.mark.parametrize("name", [name for name in LM_MODELS if model(name).static_decoding])

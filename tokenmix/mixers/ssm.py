@@ -78,7 +78,8 @@ class Ssm(ToeplitzOperator, ChannelSliced, Mixer):
 
     def _cached_modes(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``modes()`` outside autograd, computed again only when a parameter is changed in place (its version) or
-        replaced (its storage): a decoding step would otherwise spend a third of its time on the poles' polar form.
+        replaced (its storage): a decoding step would otherwise spend a third of its time on the poles' polar form
+        (a compiled step computes them in its graph instead: the storage's address is no value a graph can compare).
         The cache holds the parameters it was made from, so their storage cannot be reused by another tensor."""
         parameters = (self.pole_logit, self.pole_angle, self.residue)
         key = [(parameter.detach(), parameter._version) for parameter in parameters]
@@ -135,9 +136,11 @@ class Ssm(ToeplitzOperator, ChannelSliced, Mixer):
         """The window's taps over [recent; x], plus the modes fed with the inputs W tokens back, from their state."""
         k, window = x.shape[1], self.window
         inputs = torch.cat([state.recent, x.to(state.recent.dtype)], dim=1)  # (batch, W + k, dim)
-        poles, residues = self.modes() if torch.is_grad_enabled() else self._cached_modes()
+        poles, residues = self.modes() if torch.is_grad_enabled() or torch.compiler.is_compiling() else self._cached_modes()
         y, modes = modal_chunk(inputs[:, :k], torch.view_as_complex(state.modes.contiguous()), poles, residues)
-        if window:
+        if window and k == 1:  # one token (a decoding step, a CUDA graph's): sum_l h_l x_{t-l} directly, no FFT plan to make
+            y = y + (inputs[:, 1:].flip(1).to(y.dtype) * self.taps.t().to(y.dtype)).sum(1, keepdim=True)
+        elif window:
             taps = torch.cat([self.taps.t().to(y.dtype), y.new_zeros(k, self.dim)], dim=0)
             y = y + toeplitz_matvec(inputs, taps, causal=True)[:, window:]
         return y.to(x.dtype), SsmState(inputs[:, k:], torch.view_as_real(modes).to(state.modes.dtype))
