@@ -30,7 +30,7 @@ def run_form(form, x, params, state):
     leaves = [x, *tensors(params), *tensors(state)]
     y, final = form(x, params, state, True) if state is not None else (form(x, params), None)
     weights = torch.Generator().manual_seed(1)  # the same functional for every form: the outputs share their shapes
-    loss = sum((t * torch.randn(t.shape, dtype=t.dtype, generator=weights)).sum() for t in [y, *tensors(final)])
+    loss = sum((t * torch.randn(t.shape, dtype=t.dtype, generator=weights).to(t.device)).sum() for t in [y, *tensors(final)])
     return y, final, torch.autograd.grad(loss, leaves, allow_unused=True)
 
 
