@@ -117,14 +117,14 @@ def gpu_checks_bench_commands() -> list[list[str]]:
     """The ``tokenmix bench`` argument lists of docs/results/gpu_checks.sh, its ``bench NAME ARGS...`` lines with the
     helper's own arguments put in and the loop's ``$kernels`` taken each way."""
     script = (ROOT / "docs" / "results" / "gpu_checks.sh").read_text().replace("\\\n", " ")
-    helper = re.search(r'^bench\(\) \{ step "\$1" tokenmix bench (.*) "\$\{@:2\}"; \}$', script, re.MULTILINE)
+    helper = re.search(r'^bench\(\) \{ step "\$1" "\$python" -m tokenmix\.cli bench (.*) "\$\{@:2\}"; \}$', script, re.MULTILINE)
     loop = re.search(r"^for kernels in ([\w ]+); do$", script, re.MULTILINE)
     assert helper and loop, "gpu_checks.sh: its bench() helper or its loop over kernels changed: update this test"
     commands = []
     for line in re.findall(r"^\s*bench (.*)$", script, re.MULTILINE):
         for kernels in loop.group(1).split() if "$kernels" in line else [None]:
             words = shlex.split(line.replace('"$kernels"', kernels or ""))
-            commands.append(["bench", *shlex.split(helper.group(1).replace('"$out/$1.json"', f"/tmp/{words[0]}.json")), *words[1:]])
+            commands.append(["bench", *shlex.split(helper.group(1).replace('"$work/$1.json"', f"/tmp/{words[0]}.json")), *words[1:]])
     return commands
 
 
@@ -146,7 +146,7 @@ def test_every_test_the_gpu_checks_script_selects_exists():
     """Each word of the script's ``-k`` expression names a test in the files it runs: a renamed test is not silently
     left out of the only run that has a GPU."""
     script = (ROOT / "docs" / "results" / "gpu_checks.sh").read_text().replace("\\\n", " ")
-    run = re.search(r"^step tests python -m pytest (.*)$", script, re.MULTILINE)
+    run = re.search(r'^step tests "\$python" -m pytest (.*)$', script, re.MULTILINE)
     assert run, "gpu_checks.sh: its pytest step changed: update this test"
     words = shlex.split(run.group(1))
     files = [word for word in words if word.startswith("tests/")]
