@@ -18,18 +18,18 @@ STATIC_MIXERS = [name for name in CAUSAL if mixer(name, True).static_decoding]
 
 
 def test_every_language_model_decodes_from_static_buffers():
-    """Every causal mixer steps from fixed buffers but FNetAR (its DFT row picked by the position on the host) and relative
-    attention (a context that grows with every input); inside a Transformer-XL block both mix a window of fixed length
-    from positions on the device (``static_context``), so every language model does."""
-    assert sorted(set(CAUSAL) - set(STATIC_MIXERS)) == ["fnet_ar", "relative_attention"]
+    """Every causal mixer steps from fixed buffers but relative attention (a context that grows with every input); inside
+    a Transformer-XL block it mixes a window of fixed length from positions on the device (``static_context``), as FNetAR
+    does there, so every language model does; a model built with relative attention outside such a block does not."""
+    assert sorted(set(CAUSAL) - set(STATIC_MIXERS)) == ["relative_attention"]
     assert all(mixer(name, True).static_context for name in ("fnet_ar", "relative_attention"))
     assert all(model(name).static_decoding for name in LM_MODELS)
-    assert not model("tnn", mixer="fnet_ar").static_decoding
+    assert model("tnn", mixer="fnet_ar").static_decoding and not model("tnn", mixer="relative_attention").static_decoding
 
 
 def static_stream(module, x: torch.Tensor, prefill: int, capacity: int) -> torch.Tensor:
     """x's outputs: the first ``prefill`` by ``step``, the rest one ``static_step`` per token from its static state."""
-    state = module.init_state(x.shape[0], max_length=capacity)
+    state = module.init_state(x.shape[0], max_length=capacity, dtype=x.dtype)  # x's: a mixer without weights has no dtype
     y, state = module.step(x[:, :prefill], state)
     static = module.static_state(state, capacity)
     return torch.cat([y, *(module.static_step(x[:, t : t + 1], static) for t in range(prefill, x.shape[1]))], dim=1)
@@ -54,7 +54,10 @@ def test_a_static_step_keeps_its_buffers_and_rows_at_their_own_positions(name):
     module = mixer(name, True).double().eval()
     x = torch.randn(2, 12, module.dim, dtype=torch.float64)
     with torch.no_grad():
-        rows = [module.static_state(module.step(x[r : r + 1, : 3 + 4 * r], module.init_state(1, max_length=16))[1], 16) for r in (0, 1)]
+        rows = [
+            module.static_state(module.step(x[r : r + 1, : 3 + 4 * r], module.init_state(1, max_length=16, dtype=x.dtype))[1], 16)
+            for r in (0, 1)
+        ]
         both = type(rows[0]).concat(rows)
         pointers = [tensor.data_ptr() for tensor in both.tensors()]
         outputs = module.static_step(torch.stack([x[0, 3], x[1, 7]])[:, None], both)
@@ -70,10 +73,14 @@ def test_a_mixer_without_static_buffers_refuses_them(name):
         module.static_state(module.init_state(1, max_length=8), 8)
 
 
-@pytest.mark.parametrize("name", LM_MODELS)
-def test_a_model_decoded_from_static_buffers_gives_the_logits_of_its_stream(name):
+DISTILLED_WINDOW = ("tnn", {"mixer": {"name": "ssm", "order": 4, "window": 2}})  # a distilled model: modes and free taps
+FNET_AR_ALONE = ("tnn", {"mixer": {"name": "fnet_ar", "window": 4}})  # FNetAR's window outside a Transformer-XL block
+
+
+@pytest.mark.parametrize(("name", "options"), [(name, {}) for name in LM_MODELS] + [DISTILLED_WINDOW, FNET_AR_ALONE])
+def test_a_model_decoded_from_static_buffers_gives_the_logits_of_its_stream(name, options):
     """Past chunk boundaries (chunks of 8) and a prefill that ends inside one; float64."""
-    network = model(name).double().eval()
+    network = model(name, **options).double().eval()
     tokens = torch.randint(0, network.config.vocab_size, (3, 30))
     with torch.no_grad():
         _, state = network(tokens[:, :5], state=network.init_state(3, max_length=30), return_state=True)
@@ -114,10 +121,7 @@ def test_a_transformer_xl_window_follows_its_moving_memory_with_rows_at_their_ow
     assert [tensor.data_ptr() for tensor in static.tensors()] == pointers
 
 
-DISTILLED_WINDOW = ("tnn", {"mixer": {"name": "ssm", "order": 4, "window": 2}})  # a distilled model: modes and free taps
-
-
-@pytest.mark.parametrize(("name", "options"), [(name, {}) for name in LM_MODELS] + XL_SEGMENTS[:2] + [DISTILLED_WINDOW])
+@pytest.mark.parametrize(("name", "options"), [(name, {}) for name in LM_MODELS] + XL_SEGMENTS[:2] + [DISTILLED_WINDOW, FNET_AR_ALONE])
 def test_a_static_step_is_captured_whole_and_makes_no_tensor_on_the_host(name, options):
     """What a CUDA graph of the step needs, checked on the CPU through ``torch.compile``'s capture: nothing read back
     from the device (a read is a graph break, an error under ``fullgraph``), no tensor made on the host (a copy to
@@ -144,7 +148,7 @@ def test_a_static_step_is_captured_whole_and_makes_no_tensor_on_the_host(name, o
     assert len(captures) == 1
 
 
-@pytest.mark.parametrize(("name", "options"), [(name, {}) for name in LM_MODELS] + XL_SEGMENTS[:2] + [DISTILLED_WINDOW])
+@pytest.mark.parametrize(("name", "options"), [(name, {}) for name in LM_MODELS] + XL_SEGMENTS[:2] + [DISTILLED_WINDOW, FNET_AR_ALONE])
 def test_a_static_step_after_the_eager_step_of_one_row_runs_no_fft(name, options):
     """``StepGraph`` captures a batch's step after an eager step of one row's copy, which fills the operators the
     parts cache; an FFT in the captured step would make its cuFFT plan (one per shape: the batch's is new) inside the
@@ -176,15 +180,15 @@ def test_generate_from_static_buffers_gives_the_tokens_of_the_stream(name, tempe
 
 
 def test_static_decoding_is_chosen_and_refused_with_the_reason():
-    tnn, fourier = model("tnn"), model("tnn", mixer="fnet_ar")  # FNetAR outside a Transformer-XL block: a stream only
+    tnn, relative = model("tnn"), model("tnn", mixer="relative_attention")  # outside a Transformer-XL block: a stream only
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert not use_static_decoding(tnn, "auto", cpu) and use_static_decoding(tnn, "auto", cuda)
     assert use_static_decoding(tnn, "static", cpu) and not use_static_decoding(tnn, "stream", cuda)
-    assert not use_static_decoding(fourier, "auto", cuda)
+    assert not use_static_decoding(relative, "auto", cuda)
     with pytest.raises(ValueError, match="does not decode from static buffers.*use decoding='stream'"):
-        generate(fourier, [torch.tensor([1, 2])], 3, decoding="static")
+        generate(relative, [torch.tensor([1, 2])], 3, decoding="static")
     with pytest.raises(ValueError, match="does not decode from static buffers"):
-        fourier.static_state(fourier.init_state(1, max_length=8), 8)
+        relative.static_state(relative.init_state(1, max_length=8), 8)
     with pytest.raises(ValueError, match=r"decoding must be one of \['auto', 'static', 'stream'\], got 'graphs'"):
         generate(tnn, [torch.tensor([1, 2])], 3, decoding="graphs")
 

@@ -86,6 +86,15 @@ class FnetArState(StreamState):
 
 
 @dataclass
+class StaticFnetArState(StreamState):
+    """``FnetArState`` in fixed buffers: the last W - 1 inputs (batch, W - 1, dim) and each row's position (batch,) on
+    the device, both updated in place."""
+
+    history: torch.Tensor
+    position: torch.Tensor
+
+
+@dataclass
 class FnetArOptions(Options):
     window: int = setting(
         512, Integer(1), "W: position i = t mod W of each window segment mixes the W inputs ending at t with the real part of DFT row i"
@@ -155,6 +164,24 @@ class FnetAr(Mixer):
         row = positions.remainder(window)[:, None]
         coefficients = fourier_ar_matrix(window, work, x.device)[row, row + torch.arange(window, device=x.device)]
         return torch.einsum("bw,bwd->bd", coefficients, inputs)[:, None].to(x.dtype)
+
+    static_decoding = True
+
+    def static_state(self, state: FnetArState, capacity: int) -> StaticFnetArState:
+        """The window buffer copied, the position on the device (``Mixer.static_state``: a window needs no more room)."""
+        history = state.history
+        return StaticFnetArState(history.clone(), torch.full((history.shape[0],), state.position, dtype=torch.long, device=history.device))
+
+    def static_step(self, x: torch.Tensor, state: StaticFnetArState) -> torch.Tensor:
+        """``mix_static_context`` over [history; x], the window shifted by one in place (``Mixer.static_step``)."""
+        return self.in_inner_precision(self._window_step, x, state)
+
+    def _window_step(self, x: torch.Tensor, state: StaticFnetArState) -> torch.Tensor:
+        window = torch.cat([state.history, x.to(state.history.dtype)], dim=1)
+        y = self.mix_static_context(x, window, torch.ones(window.shape[:2], dtype=torch.bool, device=x.device), state.position)
+        state.history.copy_(window[:, 1:])
+        state.position += 1
+        return y
 
     def empty_state(self, batch_size: int, device, dtype: torch.dtype, max_length: int | None) -> FnetArState:
         return FnetArState(torch.zeros(batch_size, self.window - 1, self.dim, device=device, dtype=dtype))
