@@ -1,50 +1,70 @@
 #!/usr/bin/env bash
 # The GPU checks gpu.md still lacks, as one script for a lent GPU (an H100 or H200): the CUDA tests of the fused
 # Toeplitz kernels and of graph-captured decoding, then the benchmarks of gpu.md's "Still to measure", most wanted
-# first. Run from the repository root with the Python of PYTHON (default python3) that has torch, triton and pytest:
-# the source tree goes on PYTHONPATH, nothing is installed. Each step runs within what is left of BUDGET_S seconds (default 540); a step with no time left is
-# skipped and named in skipped.txt, to be run by a second call with ONLY="name ...". The logs and JSON files go to
-# WORK (default /tmp/gpu_checks), packed after every step into $OUT/gpu_checks.tgz (default OUT: /tmp/gpu_checks_out),
-# so a run stopped at its limit still brings back what it measured. A failing step does not stop the others.
+# first. Run from the repository root with the Python of PYTHON (default python3) that has torch, triton, pytest and
+# pytest-xdist: the source tree goes on PYTHONPATH, nothing is installed.
+#
+# Each step runs within what is left of BUDGET_S seconds (default 540), and the tests within TESTS_S (default 240);
+# a step with no time left, or stopped at its limit (SIGINT first: pytest and bench write what they have), is named in
+# skipped.txt, to be run by a second call with ONLY="the names". The logs and JSON files go to WORK (default
+# /tmp/gpu_checks), packed after every step into $OUT/gpu_checks.tgz (default OUT: /tmp/gpu_checks_out), so a run
+# stopped at its limit still brings back what it measured. A failing step does not stop the others.
 set -u
 work="${WORK:-/tmp/gpu_checks}"
 out="${OUT:-/tmp/gpu_checks_out}"
 deadline=$(($(date +%s) + ${BUDGET_S:-540}))
-only=" ${ONLY:-} "
+only=" $(echo ${ONLY:-}) "  # the names, whitespace of any kind between them
 python="${PYTHON:-python3}"
 mkdir -p "$work" "$out"
+rm -f "$work/skipped.txt"  # this call's
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 status=0
+steps=" "  # every step's name, to check ONLY's against
 
-pack() { tar czf "$out/gpu_checks.tgz.part" -C "$work" . && mv "$out/gpu_checks.tgz.part" "$out/gpu_checks.tgz"; }
+pack() {  # GNU tar exits 1 when a file changed while it was read (a killed step's last lines): the archive is still made
+    tar czf "$out/gpu_checks.tgz.part" --warning=no-file-changed -C "$work" .
+    [ $? -le 1 ] && mv "$out/gpu_checks.tgz.part" "$out/gpu_checks.tgz"
+}
 
-step() {  # step NAME COMMAND...: run it within the time left (SIGINT first: pytest and bench write what they have)
+skipped() {  # skipped NAME WHY
+    echo "== $1 $2: run it again with ONLY"
+    echo "$1" >> "$work/skipped.txt"
+    status=1
+}
+
+step() {  # step NAME COMMAND...: run it within the time left, at most STEP_S seconds when set
     local name=$1 left=$((deadline - $(date +%s)))
     shift
+    steps+="$name "
     [ "$only" = "  " ] || [[ "$only" == *" $name "* ]] || return 0
-    if [ "$left" -lt 45 ]; then
-        echo "== $name skipped: ${left}s left"
-        echo "$name" >> "$work/skipped.txt"
-        status=1
-        return 0
-    fi
-    echo "== $name (${left}s left): $*"
-    timeout -s INT -k 15 "$left" "$@" > "$work/$name.log" 2>&1
+    [ "$left" -ge 45 ] || { skipped "$name" "skipped (${left}s left)"; return 0; }
+    local limit=$((${STEP_S:-$left} < left ? ${STEP_S:-$left} : left))
+    echo "== $name (${limit}s at most): $*"
+    timeout -s INT -k 15 "$limit" "$@" > "$work/$name.log" 2>&1
     local code=$?
     tail -n 25 "$work/$name.log"
-    [ "$code" -eq 0 ] || { echo "== $name failed ($code)"; status=1; }
+    case $code in
+        0) ;;
+        124 | 137) skipped "$name" "stopped at its limit of ${limit}s (its results so far are kept)" ;;
+        *) echo "== $name failed ($code)"; status=1 ;;
+    esac
     pack
 }
 
 bench() { step "$1" "$python" -m tokenmix.cli bench --device cuda --repeats 10 --output "$work/$1.json" "${@:2}"; }
 
-{ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; "$python" -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)"; } > "$work/gpu.txt" 2>&1
+{
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+    "$python" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+    "$python" -c "from tokenmix.version import source_revision; print('tokenmix source', source_revision())"
+    "$python" -c "import xdist, hypothesis, prometheus_client" || echo "missing test dependencies: the tests step fails or skips"
+} > "$work/gpu.txt" 2>&1
 cat "$work/gpu.txt"
 pack
 
 # 1. CUDA tests: the fused kernels compiled (not interpreted) against naive and PyTorch's path; CUDA graphs of the
 #    static step against the eager static step; generation and the serve engine with graphs against the stream's tokens.
-step tests "$python" -m pytest -q -n 4 -p no:cacheprovider tests/ops/test_op_forms.py tests/mixers/test_mixer_tno.py tests/test_cuda.py \
+STEP_S="${TESTS_S:-240}" step tests "$python" -m pytest -q -n 4 -p no:cacheprovider tests/ops/test_op_forms.py tests/mixers/test_mixer_tno.py tests/test_cuda.py \
     -k "fused or proved or cuda_graph or generation_on_the_device or engine_serves"
 
 # 2. The tno mixer against the FFT floor at 4096 and 65536 tokens per batch, bf16, with the fused products: compiled with
@@ -67,5 +87,8 @@ bench generate_graphs --kinds generate --generate-batch 1 --model-dim 512 \
 bench models_bf16_compiled_fused --causal yes --kinds model --model-dim 512 --depth 6 --batch-tokens 16384 \
     --models tnn,fd_tnn,ski_tnn,transformer --lengths 2048,16384 --precision bf16 --compile --kernels fused --profile
 
+for name in $only; do
+    [[ "$steps" == *" $name "* ]] || { echo "== ONLY names no step: $name (the steps:$steps)"; status=2; }
+done
 echo "== done; the logs and results in $work, packed in $out/gpu_checks.tgz"
 exit $status

@@ -15,7 +15,7 @@ from tokenmix.bench import MEASUREMENT_FIELDS, Case, measure
 from tokenmix.bench import run as bench_run
 from tokenmix.bench import serve as serve_bench
 from tokenmix.bench.plan import apply_presets, bench_cases
-from tokenmix.bench.profiling import ranked_work
+from tokenmix.bench.profiling import kernel_name, ranked_work
 from tokenmix.bench.records import GenerateMeasurement, MixerGenerateMeasurement, failed_measurement
 from tokenmix.bench.report import markdown_report, reading
 from tokenmix.bench.timing import time_tokens
@@ -559,6 +559,36 @@ def test_a_cuda_profile_ranks_kernels_and_counts_each_once():
     ]
     cpu_rows, cpu_ms = ranked_work(events, on_device=False, steps=1)
     assert cpu_rows[0]["op"] == "aten::mm" and cpu_ms == pytest.approx(0.05)
+
+
+KERNEL_NAMES = [  # (a kernel as kineto names it, shortened; its name in a profile)
+    (
+        "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>(int, float, float const*)",
+        "at::native::vectorized_layer_norm_kernel",
+    ),
+    (
+        "void at::native::(anonymous namespace)::CatArrayBatchedCopy_contig<at::native::(anonymous namespace)::OpaqueType<4u>, "
+        "unsigned int, 2>(...)",
+        "at::native::CatArrayBatchedCopy_contig",
+    ),
+    (
+        "std::enable_if<!(false), void>::type internal::gemvx::kernel<int, float, cublasGemvParamsEx<int, float> >"
+        "(cublasGemvParamsEx<int, float>)",
+        "internal::gemvx::kernel",
+    ),
+    ("void (anonymous namespace)::softmax_warp_forward<float, float, float, 10, false, false>(float*, int)", "softmax_warp_forward"),
+    (
+        "void regular_fft_factor<128u, EPT<8u>, 16u, 8u, (padding_t)1, (twiddle_t)0, float>(kernel_arguments_t<unsigned int>)",
+        "regular_fft_factor",
+    ),
+    ("Memcpy DtoD (Device -> Device)", "Memcpy DtoD"),
+    ("triton_poi_fused_add_mul_0", "triton_poi_fused_add_mul_0"),
+]
+
+
+@pytest.mark.parametrize(("key", "name"), KERNEL_NAMES)
+def test_a_kernel_is_named_without_its_signature(key, name):
+    assert kernel_name(key) == name
 
 
 def test_the_report_says_how_busy_a_profiled_cuda_step_keeps_the_device(tmp_path):

@@ -16,7 +16,7 @@ from torch.autograd import DeviceType
 from .timing import sync
 
 PROFILE_ROWS = 12
-NAMED_RANGE = "tokenmix::"  # tokenmix's own named ranges, listed wherever their time ranks
+NAMED_RANGE = "tokenmix::"  # tokenmix's own named ranges, listed wherever their time ranks (CPU profiles)
 
 
 def profile_step(function, device: torch.device, steps: int = 3) -> tuple[list[dict], float | None]:
@@ -55,5 +55,13 @@ def ranked_work(events, on_device: bool, steps: int) -> tuple[list[dict], float]
 
 
 def kernel_name(key: str) -> str:
-    """A kernel's name without ``void`` and its template or argument lists: at::native::vectorized_elementwise_kernel."""
-    return re.split(r"[<(]", key.removeprefix("void "), maxsplit=1)[0].strip() or key
+    """A kernel's name without its template and argument lists, anonymous namespaces and return type:
+    ``void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>(int, ...)`` is
+    ``at::native::vectorized_layer_norm_kernel``; a name that is no C++ signature (``Memcpy DtoD (Device -> Device)``)
+    keeps its words."""
+    name = key.removeprefix("void ").replace("(anonymous namespace)::", "")
+    while (stripped := re.sub(r"<[^<>]*>", "", name)) != name:  # innermost template lists first
+        name = stripped
+    name = name.split("(", 1)[0].strip()
+    last = name.split()[-1] if name else ""
+    return (last if "::" in last else name) or key

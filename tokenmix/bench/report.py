@@ -400,7 +400,7 @@ def profile_sections(records: list[dict]) -> list[str]:
     profiled = [record for record in measured(records) if record.get("profile")]
     if not profiled:
         return []
-    parts = ["", "## Where a training step's time goes (torch.profiler, self time per step)", ""]
+    parts = ["", "## Where a training step's time goes (torch.profiler, per step: the operators on a CPU, the kernels on CUDA)", ""]
     for record in profiled:
         parts += [
             f"### {_label((record['kind'], record['mixer'], record['causal']))}, length {record['length']}, batch {record['batch']}",

@@ -100,7 +100,7 @@ class ModelRunner:
         if self.device.type != "cuda":
             return self.model.static_step(tokens[:, None], cohort.state)
         if cohort.graph is None or not cohort.graph.captured_on(cohort.state):
-            cohort.graph = None  # the old graph's memory goes back first
+            cohort.graph = None  # the old graph's logits go back to the pool first
             cohort.graph = StepGraph(self.model, cohort.state, self.graph_pool)
         return cohort.graph.step(tokens)
 
