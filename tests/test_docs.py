@@ -113,10 +113,15 @@ def test_links_between_pages_reach_a_file_and_a_heading():
     assert not broken, broken
 
 
+def gpu_checks_script() -> str:
+    """docs/results/gpu_checks.sh with its continued lines joined."""
+    return (ROOT / "docs" / "results" / "gpu_checks.sh").read_text().replace("\\\n", " ")
+
+
 def gpu_checks_bench_commands() -> list[list[str]]:
     """The ``tokenmix bench`` argument lists of docs/results/gpu_checks.sh, its ``bench NAME ARGS...`` lines with the
     helper's own arguments put in and the loop's ``$kernels`` taken each way."""
-    script = (ROOT / "docs" / "results" / "gpu_checks.sh").read_text().replace("\\\n", " ")
+    script = gpu_checks_script()
     helper = re.search(r'^bench\(\) \{ step "\$1" "\$python" -m tokenmix\.cli bench (.*) "\$\{@:2\}"; \}$', script, re.MULTILINE)
     loop = re.search(r"^for kernels in ([\w ]+); do$", script, re.MULTILINE)
     assert helper and loop, "gpu_checks.sh: its bench() helper or its loop over kernels changed: update this test"
@@ -145,7 +150,7 @@ def test_the_gpu_checks_script_asks_only_for_what_the_bench_accepts():
 def test_every_test_the_gpu_checks_script_selects_exists():
     """Each word of the script's ``-k`` expression names a test in the files it runs: a renamed test is not silently
     left out of the only run that has a GPU."""
-    script = (ROOT / "docs" / "results" / "gpu_checks.sh").read_text().replace("\\\n", " ")
+    script = gpu_checks_script()
     run = re.search(r'^(?:\S+=\S+ )?step tests "\$python" -m pytest (.*)$', script, re.MULTILINE)
     assert run, "gpu_checks.sh: its pytest step changed: update this test"
     words = shlex.split(run.group(1))
