@@ -1,6 +1,8 @@
 import errno
+import importlib.util
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,20 @@ LENGTHS = (1, 7, 100, 1000, 1024)
 # off the GPU every mixer takes PyTorch's path, whatever the variable says (ops.fused_toeplitz.fused_wanted).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+NEEDS_TRITON = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="the fused kernels need triton: pip install 'tokenmix[fused]'"
+)
+
+
+def compiled_for_gpus(code: str, tmp_path: Path) -> list[list[str]]:
+    """The lines ``code`` prints, split, run in a process without TRITON_INTERPRET and with an empty kernel cache: code
+    that compiles Triton kernels for GPU targets (down to ptxas, which the interpreter never runs) and prints a line per
+    cubin, its size last."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [line.split() for line in result.stdout.splitlines()]
 
 
 def pytest_configure(config):

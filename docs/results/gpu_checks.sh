@@ -62,9 +62,11 @@ bench() { step "$1" "$python" -m tokenmix.cli bench --device cuda --repeats 10 -
 cat "$work/gpu.txt"
 pack
 
-# 1. CUDA tests: the fused kernels compiled (not interpreted) against naive and PyTorch's path; CUDA graphs of the
-#    static step against the eager static step; generation and the serve engine with graphs against the stream's tokens.
+# 1. CUDA tests: the fused kernels (the factored products, the static step's history product) compiled (not interpreted)
+#    against naive and PyTorch's path; CUDA graphs of the static step against the eager static step; generation and the
+#    serve engine with graphs against the stream's tokens.
 STEP_S="${TESTS_S:-240}" step tests "$python" -m pytest -q -n 4 -p no:cacheprovider tests/ops/test_op_forms.py tests/mixers/test_mixer_tno.py tests/test_cuda.py \
+    tests/ops/test_history_toeplitz.py tests/generation/test_static_decoding.py \
     -k "fused or proved or cuda_graph or generation_on_the_device or engine_serves"
 
 # 2. The tno mixer against the FFT floor at 4096 and 65536 tokens per batch, bf16, with the fused products: compiled with

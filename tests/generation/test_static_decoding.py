@@ -8,13 +8,17 @@ it as one on a GPU).
 
 import pytest
 import torch
-from conftest import LENGTHS, OperatorsCalled, host_made_tensors, relative_error
+from conftest import LENGTHS, NEEDS_TRITON, OperatorsCalled, host_made_tensors, relative_error
 from test_contracts import CAUSAL, LM_MODELS, mixer, model
+from torch._dynamo.utils import counters
 
 from tokenmix.generation import StaticDecoder, generate
 from tokenmix.generation.graphs import use_static_decoding
+from tokenmix.ops import history_toeplitz
+from tokenmix.ops.fused_toeplitz import kernels
 
 STATIC_MIXERS = [name for name in CAUSAL if mixer(name, True).static_decoding]
+TOEPLITZ_MIXERS = [name for name in STATIC_MIXERS if mixer(name, True).toeplitz_streaming]
 
 
 def test_every_language_model_decodes_from_static_buffers():
@@ -64,6 +68,43 @@ def test_a_static_step_keeps_its_buffers_and_rows_at_their_own_positions(name):
         alone = [module.static_step(x[r : r + 1, 3 + 4 * r][:, None], rows[r]) for r in (0, 1)]
     assert [tensor.data_ptr() for tensor in both.tensors()] == pointers
     assert relative_error(outputs, torch.cat(alone)) < 1e-12
+
+
+@NEEDS_TRITON
+@pytest.mark.parametrize("name", TOEPLITZ_MIXERS)
+def test_a_toeplitz_mixer_steps_its_buffers_by_the_fused_kernel_eagerly_and_compiled(name, monkeypatch):
+    """Under ``kernels("fused")`` (Triton's interpreter off the GPU) rows at their own positions step to the outputs and
+    buffers of PyTorch's form; compiled whole (AOTAutograd: the kernel's write into the buffer functionalised), once
+    for every position, the kernel launched at each step."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter runs only where no GPU is seen (conftest.py)
+    module = mixer(name, True).eval().to(device)
+    x = torch.randn(2, 20, module.dim, device=device)
+    launches, (triton, kernel) = [], history_toeplitz._kernel()
+
+    class Launches:  # the kernel, each launch's positions noted
+        def __getitem__(self, grid):
+            return lambda *args, **options: launches.append(args[1].tolist()) or kernel[grid](*args, **options)
+
+    monkeypatch.setattr(history_toeplitz, "_kernel", lambda: (triton, Launches()))
+    with torch.no_grad():
+        states = [module.step(x[:, :6], module.init_state(2, max_length=32, device=device))[1] for _ in range(3)]
+        expected, eager, compiled = (module.static_state(state, 32) for state in states)
+        expected.position[1] += 3  # the second row three tokens ahead (its inputs there zeros)
+        eager.position[1] += 3
+        compiled.position[1] += 3
+        torch._dynamo.reset()
+        counters.clear()
+        step = torch.compile(module.static_step, fullgraph=True, backend="aot_eager")
+        for t in range(6, 20):
+            with kernels("torch"):
+                reference = module.static_step(x[:, t : t + 1], expected)
+            with kernels("fused"):
+                assert relative_error(module.static_step(x[:, t : t + 1], eager), reference) < 1e-5
+                assert relative_error(step(x[:, t : t + 1], compiled), reference) < 1e-5
+    assert launches == [[t, t + 3] for t in range(6, 20) for _ in range(2)]
+    assert counters["stats"]["unique_graphs"] == 1
+    for state in (eager, compiled):
+        assert relative_error(state.inputs, expected.inputs) < 1e-6 and torch.equal(state.position, expected.position)
 
 
 @pytest.mark.parametrize("name", sorted(set(CAUSAL) - set(STATIC_MIXERS)))

@@ -1,11 +1,6 @@
-import importlib.util
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
-from conftest import LENGTHS, relative_error
+from conftest import LENGTHS, NEEDS_TRITON, compiled_for_gpus, relative_error
 
 import tokenmix
 from tokenmix.mixers.tno import Tno, TnoOptions
@@ -110,7 +105,7 @@ SMALL_RPE = {"rpe_dim": 8}
 FACTORED = [("tno", False, SMALL_RPE), ("tno", True, SMALL_RPE), ("fd_tno", True, SMALL_RPE), ("ski_tno", True, {"knots": 8})]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the fused kernels need triton: pip install 'tokenmix[fused]'")
+@NEEDS_TRITON
 @pytest.mark.parametrize(("name", "causal", "options"), FACTORED)
 def test_the_factored_products_of_mixers_run_the_fused_kernels_when_told_with_the_same_results(name, causal, options, monkeypatch):
     """Under ``kernels("fused")`` (in Triton's interpreter off the GPU, conftest.py) the same outputs and gradients as
@@ -137,7 +132,7 @@ def test_the_factored_products_of_mixers_run_the_fused_kernels_when_told_with_th
         assert torch.equal(cpu(x.detach().cpu()), expected)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the fused kernels need triton: pip install 'tokenmix[fused]'")
+@NEEDS_TRITON
 @pytest.mark.parametrize("causal", [False, True])
 def test_a_compiled_tno_runs_the_fused_kernels_in_its_graph(causal, monkeypatch):
     """Captured whole (``fullgraph``; forward and backward traced by AOTAutograd) with the kernels as custom operators:
@@ -161,7 +156,7 @@ def test_a_compiled_tno_runs_the_fused_kernels_in_its_graph(causal, monkeypatch)
         assert relative_error(compiled, eager) < 1e-5
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the fused kernels need triton: pip install 'tokenmix[fused]'")
+@NEEDS_TRITON
 def test_auto_runs_the_fused_kernels_only_where_they_proved_themselves(monkeypatch):
     """``fused_ready`` runs one small product both ways on a device, once: on the GPU, else on the CPU through the
     interpreter; a kernel that fails or disagrees there leaves PyTorch's path in force, with a warning that says why."""
@@ -188,7 +183,7 @@ def test_auto_runs_the_fused_kernels_only_where_they_proved_themselves(monkeypat
         assert not toeplitz.fused_ready(device)  # asked once
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the fused kernels need triton: pip install 'tokenmix[fused]'")
+@NEEDS_TRITON
 def test_the_fused_kernels_custom_operators_pass_opcheck():
     """What ``torch.compile`` relies on: schemas, fake (shape-only) versions that agree with the kernels, AOT dispatch."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -220,14 +215,11 @@ for capability, real, tile in (("80", "fp32", (16, 64)), ("90", "fp32", (16, 64)
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the fused kernels need triton: pip install 'tokenmix[fused]'")
+@NEEDS_TRITON
 def test_the_fused_kernel_compiles_for_ampere_hopper_and_blackwell_gpus(tmp_path):
     """Each form of the kernel the products launch, in float32 and float64, with the largest tile and a small one,
     compiled to a cubin for sm_80, sm_90 and sm_100 (in a process without TRITON_INTERPRET, with an empty kernel cache):
     what the interpreter's tests cannot check (types the compiler infers, loop-carried values, what the backends
     lower)."""
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
-    result = subprocess.run([sys.executable, "-c", COMPILE_FOR_GPUS], capture_output=True, text=True, timeout=300, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    cubins = [line.split() for line in result.stdout.splitlines()]
+    cubins = compiled_for_gpus(COMPILE_FOR_GPUS, tmp_path)
     assert len(cubins) == 20 and all(int(size) > 0 for *_, size in cubins)

@@ -9,7 +9,9 @@ if they had been stepped one by one.
 
 Decoding from static buffers (``static_state``, ``static_step``: a CUDA graph replays the step at every
 position) takes the direct product instead, y_t = sum_{s <= t} t_{t-s} x_s over a history buffer of the
-stream's whole capacity C (zeros past t): O(C d) per token, the same kernels at every position.
+stream's whole capacity C (zeros past t), the same kernels at every position (``ops/history_toeplitz.py``):
+one fused kernel reading the live history, O(t d) per token, where the fused kernels run; else PyTorch's
+gather over the whole buffer, O(C d).
 
 A mixer whose taps depend on the sequence length (``fd_tno``: the RPE is evaluated on the FFT
 grid of the length) streams the operator of a horizon: ``max_length`` when given, else
@@ -24,8 +26,9 @@ from dataclasses import dataclass
 import torch
 
 from ..ops.fft import spectral_dtype
+from ..ops.history_toeplitz import history_product
 from ..ops.online_toeplitz import OnlineToeplitzState, TileKernels, empty_state, online_step, padded_state, prefill_state, required_lags
-from ..ops.toeplitz import toeplitz_matvec
+from ..ops.toeplitz import fused_wanted, toeplitz_matvec
 from ..state import StreamState
 from .cache import Cache
 
@@ -140,11 +143,8 @@ class ToeplitzStreaming:
         return self.__dict__["_static_taps"].get(key, lambda: self.stream_taps(capacity, horizon).to(device, dtype), weights=self)
 
     def _direct_step(self, x: torch.Tensor, state: StaticToeplitzState) -> torch.Tensor:
-        inputs, position = state.inputs, state.position
-        capacity = inputs.shape[1]
-        taps = self.static_taps(capacity, state.horizon, x.device, inputs.dtype)
-        inputs[torch.arange(inputs.shape[0], device=x.device), position] = x[:, 0].to(inputs.dtype)
-        lags = (position[:, None] - torch.arange(capacity, device=x.device)).clamp_(min=0)  # inputs past t are zeros
-        y = (inputs * taps[lags]).sum(1)
-        position += 1
+        inputs = state.inputs
+        taps = self.static_taps(inputs.shape[1], state.horizon, x.device, inputs.dtype)
+        y = history_product(inputs, state.position, x[:, 0], taps, fused=fused_wanted(inputs))
+        state.position += 1
         return y[:, None].to(x.dtype)

@@ -24,6 +24,7 @@ from ..precision import without_autocast
 from .fft import convolution_fft_size, hermitian_weights, spectral_dtype
 from .forms import OpForms, register_op, without_state
 from .fused_toeplitz import FusedFactoredProduct, check_fused_device, kernel_choice, triton_available
+from .history_toeplitz import history_product
 from .layout import channels_first
 from .second_order import double_backward_enabled
 
@@ -310,24 +311,44 @@ def probe_fused_kernels(device) -> None:
 
 
 def _agrees_with_torch(device: torch.device) -> bool:
-    generator = torch.Generator().manual_seed(0)
-    x, basis, readout = (torch.randn(shape, generator=generator) for shape in ((3, 100, 40), (5, 129, 2), (5, 40)))
-    results, fallback = [], "PyTorch's path runs instead"
+    """Both fused kernels against PyTorch's path on one small problem each: the factored product (forward and
+    gradients) and the static step's history product (``ops/history_toeplitz.py``)."""
+    fallback = "PyTorch's path runs instead"
     try:
-        for matvec in (factored_spectral_matvec, fused_factored_spectral_matvec):
-            inputs = [tensor.to(device).requires_grad_() for tensor in (x, torch.view_as_complex(basis), readout)]
-            with torch.enable_grad():
-                y = matvec(*inputs, 256)
-                results.append([y.detach(), *torch.autograd.grad(y.square().sum(), inputs)])
+        pairs = [*_factored_results(device), *_history_results(device)]
     except Exception as error:  # noqa: BLE001 - whatever stops a kernel that never ran here, PyTorch's path runs instead
         warnings.warn(f"the fused Toeplitz kernels failed on {device} ({type(error).__name__}: {error}); {fallback}", stacklevel=3)
         return False
-    worst = max(float((got - expected).norm() / expected.norm()) for got, expected in zip(*results, strict=True))
+    worst = max(float((got - expected).norm() / expected.norm()) for got, expected in pairs)
     if worst > 1e-4:
         warnings.warn(
             f"the fused Toeplitz kernels differ from PyTorch's path on {device} (relative error {worst:.3g}); {fallback}", stacklevel=3
         )
     return worst <= 1e-4
+
+
+def _factored_results(device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(fused, PyTorch's) output and gradients of one factored product."""
+    generator = torch.Generator().manual_seed(0)
+    x, basis, readout = (torch.randn(shape, generator=generator) for shape in ((3, 100, 40), (5, 129, 2), (5, 40)))
+    results = []
+    for matvec in (fused_factored_spectral_matvec, factored_spectral_matvec):
+        inputs = [tensor.to(device).requires_grad_() for tensor in (x, torch.view_as_complex(basis), readout)]
+        with torch.enable_grad():
+            y = matvec(*inputs, 256)
+            results.append([y.detach(), *torch.autograd.grad(y.square().sum(), inputs)])
+    return list(zip(*results, strict=True))
+
+
+def _history_results(device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(fused, PyTorch's) output and written buffer of one history product, rows at different positions."""
+    generator = torch.Generator().manual_seed(0)
+    inputs, x, taps = (torch.randn(shape, generator=generator).to(device) for shape in ((2, 150, 40), (2, 40), (150, 40)))
+    position = torch.tensor([149, 70], device=device)
+    inputs[1, 70:] = 0  # the torch form reads past the position: zeros there, as in a stream's buffer
+    buffers = [inputs.clone(), inputs.clone()]
+    outputs = [history_product(buffer, position, x, taps, fused=fused) for buffer, fused in zip(buffers, (True, False), strict=True)]
+    return [(outputs[0], outputs[1]), (buffers[0], buffers[1])]
 
 
 def complex_readout(basis: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
