@@ -138,7 +138,7 @@ def test_the_gpu_checks_script_asks_only_for_what_the_bench_accepts():
     """A lent GPU's minutes are few: every benchmark the script runs there parses, plans its cases and builds and runs
     each once at a tiny length here (``check_cases``, on the CPU and with PyTorch's products)."""
     commands = gpu_checks_bench_commands()
-    assert len(commands) == 6
+    assert len(commands) == 7
     for command in commands:
         args = build_parser().parse_args(command)
         apply_presets(args)

@@ -89,6 +89,11 @@ bench generate_graphs --kinds generate --generate-batch 1 --model-dim 512 \
 bench models_bf16_compiled_fused --causal yes --kinds model --model-dim 512 --depth 6 --batch-tokens 16384 \
     --models tnn,fd_tnn,ski_tnn,transformer --lengths 2048,16384 --precision bf16 --compile --kernels fused --profile
 
+# 5. Step 3's TNN with PyTorch's static step (the taps gathered over the whole buffer) instead of the fused history
+#    kernel (auto, above), for the ratio within one session.
+bench generate_graphs_torch --kinds generate --generate-batch 1 --model-dim 512 --models tnn --lengths 256,4096 \
+    --stream-lengths 1024 --kernels torch
+
 for name in $only; do
     [[ "$steps" == *" $name "* ]] || { echo "== ONLY names no step: $name (the steps:$steps)"; status=2; }
 done

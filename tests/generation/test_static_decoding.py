@@ -74,8 +74,8 @@ def test_a_static_step_keeps_its_buffers_and_rows_at_their_own_positions(name):
 @pytest.mark.parametrize("name", TOEPLITZ_MIXERS)
 def test_a_toeplitz_mixer_steps_its_buffers_by_the_fused_kernel_eagerly_and_compiled(name, monkeypatch):
     """Under ``kernels("fused")`` (Triton's interpreter off the GPU) rows at their own positions step to the outputs and
-    buffers of PyTorch's form; compiled whole (AOTAutograd: the kernel's write into the buffer functionalised), once
-    for every position, the kernel launched at each step."""
+    buffers of PyTorch's form; compiled whole through AOTAutograd, once for every position, the kernel launched at each
+    step (its declared write into the buffer: ``tests/ops/test_history_toeplitz.py``'s opcheck)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter runs only where no GPU is seen (conftest.py)
     module = mixer(name, True).eval().to(device)
     x = torch.randn(2, 20, module.dim, device=device)

@@ -50,14 +50,39 @@ def test_the_fused_form_casts_the_input_to_the_buffers_dtype_and_reads_no_histor
 
 @NEEDS_TRITON
 def test_the_fused_form_touches_nothing_of_a_row_past_its_buffer():
-    """A position at the capacity (a caller's error; PyTorch's form raises an IndexError) writes no memory."""
-    inputs, _, x, taps = stream_buffers(16, [3, 9], 8)
+    """A position at the capacity or before the buffer (a caller's error; PyTorch's form raises an IndexError at the
+    first) writes no memory and gives zeros; the other rows step as they would alone."""
+    inputs, _, x, taps = stream_buffers(16, [3, 9, 5], 8)
+    position = torch.tensor([16, 9, -1], device=DEVICE)
     expected = inputs.clone()
-    expected[1, 9] = x[1]
-    history_product(inputs, torch.tensor([16, 9], device=DEVICE), x, taps, fused=True)
-    assert torch.equal(inputs, expected)  # row 0's slot 16 would be row 1's first
+    alone = naive_history_product(expected[1:2], position[1:2], x[1:2], taps)
+    y = history_product(inputs, position, x, taps, fused=True)
+    assert torch.equal(inputs, expected)  # row 0's slot 16 would be row 1's first, row 2's slot -1 row 1's last
+    assert relative_error(y[1:2], alone) < 1e-12 and not y[[0, 2]].any()
     with pytest.raises(IndexError):
-        history_product(inputs.cpu(), torch.tensor([16, 9]), x.cpu(), taps.cpu(), fused=False)
+        history_product(inputs.cpu(), torch.tensor([16, 9, 5]), x.cpu(), taps.cpu(), fused=False)
+
+
+@pytest.mark.parametrize("fused", [pytest.param(False, id="torch"), pytest.param(True, marks=NEEDS_TRITON, id="fused")])
+def test_shapes_that_do_not_fit_are_refused_with_the_argument_named(fused):
+    inputs, position, x, taps = stream_buffers(16, [3, 9], 8)
+    wrong = {
+        "inputs must be .batch, capacity, dim.": (inputs[0], position, x, taps),
+        r"position must be \(2,\) int64": (inputs, position.int(), x, taps),
+        r"x must be \(2, 8\)": (inputs, position, x[:, :4], taps),
+        r"taps must be \(lags >= 16, 8\)": (inputs, position, x, taps[:15]),
+    }
+    for message, arguments in wrong.items():
+        with pytest.raises(ValueError, match=message):
+            history_product(*arguments, fused=fused)
+
+
+@NEEDS_TRITON
+def test_the_probe_asked_first_under_inference_mode_keeps_the_fused_kernels(monkeypatch):
+    """A decoding step under ``torch.inference_mode`` may be the first to ask ``fused_ready``: its probe differentiates."""
+    monkeypatch.setattr(toeplitz, "_READY", {})
+    with torch.inference_mode():
+        assert toeplitz.fused_ready(DEVICE)
 
 
 @NEEDS_TRITON
@@ -89,7 +114,7 @@ _, kernel = _kernel()
 for capability in (80, 90, 100):
     for real, given in (("fp32", "fp32"), ("fp32", "bf16"), ("fp64", "fp64")):
         signature = {"inputs_ptr": "*" + real, "position_ptr": "*i64", "x_ptr": "*" + given, "taps_ptr": "*" + real,
-                     "out_ptr": "*" + real}
+                     "partial_ptr": "*" + real}
         signature |= {name: "constexpr" if name.isupper() else "i32" for name in kernel.arg_names if name not in signature}
         tile = {"BLOCK_S": _BLOCK_LAGS, "BLOCK_D": _BLOCK_CHANNELS}
         compiled = triton.compile(ASTSource(kernel, signature, tile), GPUTarget("cuda", capability, 32), {"enable_fp_fusion": FP_FUSION})

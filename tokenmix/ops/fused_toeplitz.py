@@ -79,14 +79,20 @@ def check_fused_device(device) -> None:
         raise ValueError(f"the fused kernels run on CUDA tensors (or any under TRITON_INTERPRET=1), got {device}")
 
 
-@functools.cache
-def _kernel():
-    """The Triton kernel, defined (and triton imported) on first use."""
+def import_triton():
+    """(triton, triton.language), imported now; an ImportError that names the extra where triton is missing."""
     try:
         import triton
         import triton.language as tl
     except ImportError as error:
         raise ImportError(FUSED_EXTRA) from error
+    return triton, tl
+
+
+@functools.cache
+def _kernel():
+    """The Triton kernel, defined (and triton imported) on first use."""
+    triton, tl = import_triton()
 
     @triton.jit
     def factored_product(

@@ -315,7 +315,8 @@ def _agrees_with_torch(device: torch.device) -> bool:
     gradients) and the static step's history product (``ops/history_toeplitz.py``)."""
     fallback = "PyTorch's path runs instead"
     try:
-        pairs = [*_factored_results(device), *_history_results(device)]
+        with torch.inference_mode(False):  # first asked, maybe, by a decoding step under inference mode: the probe differentiates
+            pairs = [*_factored_results(device), *_history_results(device)]
     except Exception as error:  # noqa: BLE001 - whatever stops a kernel that never ran here, PyTorch's path runs instead
         warnings.warn(f"the fused Toeplitz kernels failed on {device} ({type(error).__name__}: {error}); {fallback}", stacklevel=3)
         return False
