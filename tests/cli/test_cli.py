@@ -1,12 +1,13 @@
 """The command line: bad input is one clear line naming the argument; bugs keep their traceback."""
 
 import argparse
+import importlib.util
 import json
 import shutil
 
 import pytest
 import torch
-from conftest import TINY_RUN, usage_error
+from conftest import NEEDS_TRITON, TINY_RUN, usage_error
 
 import tokenmix
 from tokenmix.cli import build_parser, main
@@ -111,6 +112,17 @@ def test_sampled_text_is_the_same_streamed_or_batched(run, capsys):
     assert capsys.readouterr().out == batched and batched.count("\n---\n") == 1
     assert main(["generate", str(run), *prompts, "--decoding", "static"]) == 0  # static buffers, eager on the CPU
     assert capsys.readouterr().out == batched
+    if importlib.util.find_spec("triton"):  # the fused history kernel, in Triton's interpreter off the GPU (conftest.py)
+        assert main(["generate", str(run), *prompts, "--decoding", "static", "--kernels", "fused"]) == 0
+        assert capsys.readouterr().out == batched
+
+
+@NEEDS_TRITON
+@pytest.mark.parametrize("command", ["generate", "eval"])
+def test_fused_kernels_where_they_cannot_run_are_refused_in_one_line(command, run, capsys, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    error = usage_error([command, str(run), "--kernels", "fused"], capsys)
+    assert "the fused kernels run on CUDA tensors (or any under TRITON_INTERPRET=1), got cpu" in error
 
 
 def test_compare_refuses_a_file_that_is_not_a_bench_output(run, tmp_path, capsys):

@@ -6,6 +6,7 @@ test_serve_restart.py)."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import re
@@ -85,8 +86,10 @@ def test_the_openai_client_completes_streamed_and_not_as_generate_does(served, n
 
 
 def test_a_server_that_decodes_from_static_buffers_answers_as_generate_does(run, network):
-    """``--decoding static`` (eager on the CPU, a CUDA graph per batch on CUDA) crosses to the engine's process."""
-    with serving(run, "--decoding", "static") as server:
+    """``--decoding static`` (eager on the CPU, a CUDA graph per batch on CUDA) crosses to the engine's process, with
+    ``--kernels fused`` where triton imports (the history kernel, in Triton's interpreter off the GPU: conftest.py)."""
+    fused = ["--kernels", "fused"] if importlib.util.find_spec("triton") else []
+    with serving(run, "--decoding", "static", *fused) as server:
         assert any(line.endswith("batches decode from static buffers") for line in server.lines)
         http = httpx.Client(timeout=120)
         requests = [

@@ -259,7 +259,7 @@ def test_plans_are_plain_data_in_the_order_they_run():
 
 def test_the_serve_config_is_checked_once_and_crosses_processes_as_plain_data():
     engine = EngineConfig(context=320, max_batch=4, max_state_memory=10**9, prefill_threads=2)
-    config = ServeConfig(served="runs/lm", device="cpu", precision="bf16", threads=1, engine=engine)
+    config = ServeConfig(served="runs/lm", device="cpu", precision="bf16", threads=1, engine=engine, kernels="torch")
     assert ServeConfig.from_dict(json.loads(json.dumps(config.as_dict()))) == config
     assert pickle.loads(pickle.dumps(config)) == config
     with pytest.raises(ValueError, match="max_batch must be an integer >= 1"):
@@ -268,5 +268,7 @@ def test_the_serve_config_is_checked_once_and_crosses_processes_as_plain_data():
         EngineConfig(context=320, max_batch=4, max_state_memory=10**9, prefix_min=-1)
     with pytest.raises(ValueError, match="precision must be one of"):
         ServeConfig(served="runs/lm", device="cpu", precision="fp8", threads=1, engine=engine)
+    with pytest.raises(ValueError, match=r"kernels must be one of \['auto', 'torch', 'fused'\], got 'triton'"):
+        ServeConfig(served="runs/lm", device="cpu", precision="fp32", threads=1, engine=engine, kernels="triton")
     with pytest.raises(ValueError, match="engine must be an EngineConfig"):
         ServeConfig(served="runs/lm", device="cpu", precision="fp32", threads=1, engine={"context": 320})

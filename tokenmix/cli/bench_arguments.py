@@ -12,10 +12,10 @@ from ..data.tokenizer import Tokenizer, parse_tokenizer_spec
 from ..fields import Choice, Integer, Names, Number, Output, Parsed
 from ..mixers.registry import list_mixers
 from ..models.registry import list_models
-from ..ops.fused_toeplitz import KERNELS
 from ..precision import PRECISIONS
 from ..train.config import DEVICE
 from .arguments import Cpus, KeyValue, Lengths, LengthsAmong, Sizes
+from .common import add_kernels
 
 
 def read_tokenizer_spec(spec: str) -> None:
@@ -144,14 +144,7 @@ def add_execution(parser) -> None:
         default="default",
         help="torch.compile's mode with --compile (reduce-overhead: CUDA graphs too) (default: default)",
     )
-    group.add_argument(
-        "--kernels",
-        type=Choice(list(KERNELS)),
-        default="auto",
-        help="the factored Toeplitz products of tno, fd_tno and causal ski_tno in training: auto (the fused Triton kernels on "
-        "CUDA where triton imports and they passed their probe, else PyTorch's), torch (PyTorch's, to compare) or fused "
-        "(docs/training.md; default: auto)",
-    )
+    add_kernels(group)
     group.add_argument("--threads", type=Integer(1), default=torch.get_num_threads(), help="torch CPU threads (default: all cores)")
     group.add_argument(
         "--profile",

@@ -6,6 +6,7 @@ import unicodedata
 
 from ..fields import Choice, Existing, Integer
 from ..generation.graphs import DECODINGS
+from ..ops.fused_toeplitz import KERNELS, check_fused_device, kernels
 from ..precision import PRECISIONS
 from ..runtime import set_threads
 from ..train.config import DEVICE, TrainConfig
@@ -41,6 +42,24 @@ def add_precision(parser) -> None:
         default="fp32",
         help="run the model's forward passes in this compute dtype (autocast; the weights stay as saved; docs/training.md) (default: fp32)",
     )
+
+
+def add_kernels(parser) -> None:
+    parser.add_argument(
+        "--kernels",
+        type=Choice(list(KERNELS)),
+        default="auto",
+        help="the Toeplitz mixers' fused Triton kernels (tno, fd_tno, causal ski_tno: the factored products in training, the "
+        "static decoding step): auto (on CUDA where triton imports and they passed their probe, else PyTorch's), torch "
+        "(PyTorch's, to compare or to rule them out) or fused (docs/training.md) (default: auto)",
+    )
+
+
+def kernels_of(args):
+    """The ``kernels()`` block of ``--kernels``, refused first where the fused kernels cannot run on ``--device``."""
+    if args.kernels == "fused":
+        check_fused_device(args.device)
+    return kernels(args.kernels)
 
 
 def add_decoding(parser) -> None:

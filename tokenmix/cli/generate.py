@@ -14,7 +14,18 @@ from ..fields import Integer, Number, Text
 from ..generation import StopRule, check_sampling, generate, naive_generate
 from ..generation.graphs import use_static_decoding
 from ..runs import open_run
-from .common import DEMO_PROMPT, RUN, add_decoding, add_precision, add_threads_and_device, escaped, printable, use_threads
+from .common import (
+    DEMO_PROMPT,
+    RUN,
+    add_decoding,
+    add_kernels,
+    add_precision,
+    add_threads_and_device,
+    escaped,
+    kernels_of,
+    printable,
+    use_threads,
+)
 
 
 def add_parser(subparsers) -> None:
@@ -53,6 +64,7 @@ def add_parser(subparsers) -> None:
     )
     add_threads_and_device(parser)
     add_precision(parser)
+    add_kernels(parser)
     add_decoding(parser)
     parser.set_defaults(handler=run_generate)
 
@@ -92,9 +104,10 @@ def run_transformers_generate(args) -> int:
             from ..hf.sampling import transformers_generate
         except ImportError as error:
             raise ValueError(str(error)) from None
-        if args.stop or args.stream or args.check or args.precision != "fp32" or args.decoding != "auto":
+        if args.stop or args.stream or args.check or args.precision != "fp32" or args.decoding != "auto" or args.kernels != "auto":
             raise ValueError(
-                "--transformers generates with transformers' generate(): without --stop, --stream, --check, --precision or --decoding"
+                "--transformers generates with transformers' generate(): without --stop, --stream, --check, --precision, --decoding "
+                "or --kernels"
             )
         check_export(args.checkpoint)
         tokenizer = Tokenizer.load(args.checkpoint)  # exact bytes of the ids transformers chose
@@ -112,6 +125,13 @@ def run_transformers_generate(args) -> int:
 def run_generate(args) -> int:
     if args.transformers:
         return run_transformers_generate(args)
+    with user_input():
+        choice = kernels_of(args)
+    with choice:
+        return _generate_with_tokenmix(args)
+
+
+def _generate_with_tokenmix(args) -> int:
     with user_input():
         use_threads(args)
         run = open_run(args.checkpoint, device=args.device)

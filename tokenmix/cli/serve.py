@@ -17,7 +17,7 @@ from ..runs import open_run
 from ..runtime import available_cpus, release_freed_memory, set_threads
 from ..serve.servable import check_servable
 from .arguments import ByteSize
-from .common import add_decoding, add_precision, add_threads_and_device
+from .common import add_decoding, add_kernels, add_precision, add_threads_and_device
 
 API_KEY_VARIABLE = "TOKENMIX_API_KEY"
 DEFAULT_CHOICES = 16
@@ -71,6 +71,7 @@ def add_parser(subparsers) -> None:
     )
     add_threads_and_device(parser, threads_default="torch's, at most one fewer than the CPUs: one core is left to the HTTP server")
     add_precision(parser)
+    add_kernels(parser)
     add_decoding(parser)
     parser.add_argument(
         "--prefill-threads",
@@ -144,7 +145,7 @@ def run_serve(args) -> int:
         if args.max_choices > args.max_batch:
             raise ValueError(f"--max-choices ({args.max_choices}) must be at most --max-batch ({args.max_batch})")
         api_key = args.api_key or os.environ.get(API_KEY_VARIABLE) or None
-    config = serve_config(args, threads)
+        config = serve_config(args, threads)  # --kernels fused refused here where it cannot run
     decoding = "their streams" if not static else "from static buffers" + (" as CUDA graphs" if device.type == "cuda" else "")
     say(f"measuring state sizes up to {config.engine.context} tokens; batches decode {decoding}")
     with user_input():
@@ -177,7 +178,7 @@ def serve_config(args, threads: int):
         prefill_threads=args.prefill_threads or available_cpus(),
         decoding=args.decoding,
     )
-    return ServeConfig(served=args.checkpoint, device=args.device, precision=args.precision, threads=threads, engine=engine)
+    return ServeConfig(args.checkpoint, args.device, args.precision, threads, engine, kernels=args.kernels)
 
 
 def say(line: str) -> None:

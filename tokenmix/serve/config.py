@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from ..fields import Integer
 from ..generation.graphs import check_decoding
+from ..ops.fused_toeplitz import KERNELS, check_fused_device
 from ..precision import PRECISIONS
 
 
@@ -44,13 +45,15 @@ class EngineConfig:
 @dataclass(frozen=True)
 class ServeConfig:
     """What the engine's process serves: the model at ``served`` (a run directory, checkpoint or export) on
-    ``device`` under ``precision`` with ``threads`` torch threads, scheduled by ``engine``."""
+    ``device`` under ``precision`` with ``threads`` torch threads, scheduled by ``engine``, its Toeplitz mixers on
+    ``kernels`` (``ops.fused_toeplitz.kernels``)."""
 
     served: str
     device: str
     precision: str
     threads: int
     engine: EngineConfig
+    kernels: str = "auto"
 
     def __post_init__(self):
         if not isinstance(self.served, str) or not isinstance(self.device, str):
@@ -58,6 +61,10 @@ class ServeConfig:
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {self.precision!r}")
         Integer(1).check(self.threads, "threads")
+        if self.kernels not in KERNELS:
+            raise ValueError(f"kernels must be one of {list(KERNELS)}, got {self.kernels!r}")
+        if self.kernels == "fused":
+            check_fused_device(self.device)
         if not isinstance(self.engine, EngineConfig):
             raise ValueError(f"engine must be an EngineConfig, got {type(self.engine).__name__}")
 

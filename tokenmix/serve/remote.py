@@ -374,6 +374,7 @@ def serve_engine(requests, events, config: ServeConfig) -> None:
     the server's to handle: it drains, then stops this process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from ..ops.fused_toeplitz import kernels
     from ..runs import open_run
     from ..runtime import retain_freed_memory, set_threads
     from .engine import Engine
@@ -394,7 +395,8 @@ def serve_engine(requests, events, config: ServeConfig) -> None:
     events.send(("ready", model.config.vocab_size))
     listener = threading.Thread(target=listen, args=(requests, engine, outbox), name="tokenmix-requests", daemon=True)
     listener.start()
-    engine.run(after_step=outbox.flush)
+    with kernels(config.kernels):  # the process's choice: the engine's thread steps the model
+        engine.run(after_step=outbox.flush)
 
 
 def listen(requests, engine, outbox: Outbox) -> None:
