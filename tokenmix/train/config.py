@@ -11,6 +11,7 @@ from ..devices import check_device_name
 from ..fields import Choice, Existing, Integer, Names, Number, Output, Parsed, check_settings, setting
 from ..models.config import POOLS, ModelConfig
 from ..models.registry import list_models, resolve_model
+from ..ops.fused_toeplitz import KERNELS
 from ..parallel.distributed import DEFAULT_COLLECTIVE_TIMEOUT
 from ..precision import PRECISIONS
 from .recipes import list_recipes
@@ -94,6 +95,12 @@ class TrainConfig:
         "fp16 scales the loss (docs/training.md)",
     )
     compile: bool = setting(False, None, "torch.compile each block, forward and backward (docs/training.md); the first steps compile")
+    kernels: str = setting(
+        "auto",
+        Choice(list(KERNELS)),
+        "the Toeplitz mixers' fused Triton kernels (tno, fd_tno, causal ski_tno): auto (on CUDA where triton imports and they "
+        "passed their probe, else PyTorch's), torch (PyTorch's path) or fused (docs/training.md)",
+    )
     collective_timeout: float = setting(
         DEFAULT_COLLECTIVE_TIMEOUT,
         Number(0, open_minimum=True),

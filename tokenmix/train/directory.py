@@ -22,11 +22,11 @@ from ..runs.sharded import SHARDS_DIRECTORY, remove_unused_shards
 
 RUN_FILES = (CHECKPOINT_FILE, SHARDS_DIRECTORY, METRICS_FILE, MODEL_DIRECTORY, TOKENIZER_FILE, TENSORBOARD_DIRECTORY, LOG_RUNS_FILE)
 STARTED_FILES = (METRICS_FILE, TOKENIZER_FILE, TENSORBOARD_DIRECTORY, LOG_RUNS_FILE)  # what a run has before its first checkpoint
-# Settings a resume may change: how long to train, how to watch and save the run, where it lives and
-# how its work is spread over processes or compiled. The precision is kept: a run resumed in another would not continue it exactly.
+# Settings a resume may change: how long to train, how to watch and save the run, where it lives and how its work is
+# spread over processes, compiled or run (kernels). The precision is kept: a run resumed in another would not continue it exactly.
 RESUMABLE = (
     "steps", "minutes", "eval_every", "eval_tokens", "final_eval_tokens", "save_every", "log", "threads", "device", "check_finite", "out",
-    "context_parallel", "fsdp", "activation_checkpointing", "compile", "collective_timeout",
+    "context_parallel", "fsdp", "activation_checkpointing", "compile", "kernels", "collective_timeout",
 )  # fmt: skip
 
 

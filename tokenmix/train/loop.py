@@ -28,6 +28,7 @@ import torch
 from ..data.batches import Part, StreamBatches, step_generator, step_seed
 from ..data.tokenizer import Tokenizer
 from ..models.model import SequenceModel
+from ..ops.fused_toeplitz import kernels
 from ..parallel import ContextParallel
 from ..parallel.parallelize import ParallelConfig, parallelize
 from ..runs import Run
@@ -180,8 +181,9 @@ class Trainer:
         """The last checks, while the model is eager and whole (``parallelize``'s ``before_wrapping``): the memory a step
         needs (its model ``split`` as a step runs it); only then is the run directory touched, by the main process."""
 
-        def loss_of(copies: int) -> torch.Tensor:
-            return probe_loss(self.objective, self.model, split, copies, self.config.seq_len, self.device)
+        def loss_of(copies: int) -> torch.Tensor:  # the kernels chosen in the forward do the backward too
+            with kernels(self.config.kernels):
+                return probe_loss(self.objective, self.model, split, copies, self.config.seq_len, self.device)
 
         self.memory = estimate_training_memory(self.model, loss_of, self.config.batch_size, self.device)
         if memory_check:
@@ -269,9 +271,10 @@ class Trainer:
     def run(self) -> dict:
         """Train to ``total_steps``; returns the final validation metrics. The run's lock is released after it (nothing
         writes the run after training), so another process may resume it. Raises TrainingInterrupted after saving when
-        SIGINT/SIGTERM arrives, TrainingDiverged on a non-finite loss (nothing saved over the last good checkpoint)."""
+        SIGINT/SIGTERM arrives, TrainingDiverged on a non-finite loss (nothing saved over the last good checkpoint). The
+        trackers' runs (``--log``) end with it; its steps run on the ``kernels`` of the run's settings."""
         try:
-            with self.sinks, self.dims.faults("the other processes during training"):  # the trackers' runs end with it
+            with self.sinks, self.dims.faults("the other processes during training"), kernels(self.config.kernels):
                 return self._train()
         finally:
             self.release_lock()

@@ -14,6 +14,7 @@ from ..data.sources import DataSource, load_data
 from ..data.tokenizer import TOKENIZER_FILE
 from ..devices import resolve_device
 from ..models.model import SequenceModel
+from ..ops.fused_toeplitz import check_fused_device
 from ..parallel import context_parallel_problems
 from ..parallel.dims import ParallelDims, init_distributed
 from ..parallel.distributed import check_launch
@@ -40,6 +41,8 @@ def configure_process(config: TrainConfig) -> torch.device:
     if config.check_finite:
         set_finite_checks(True)
     device = resolve_device(config.device)
+    if config.kernels == "fused":
+        check_fused_device(device)
     check_task(config.data, config.task)  # before the data is read or generated
     check_launch(config.context_parallel, config.fsdp)
     check_installed(config.log or ())
