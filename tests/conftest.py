@@ -22,6 +22,11 @@ if not torch.cuda.is_available():
 NEEDS_TRITON = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None, reason="the fused kernels need triton: pip install 'tokenmix[fused]'"
 )
+# Tests that run the fused kernels on CPU tensors: only in Triton's interpreter, set above where no GPU is seen.
+INTERPRETED_TRITON = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or "TRITON_INTERPRET" not in os.environ,
+    reason="runs the fused kernels on the CPU, in Triton's interpreter: triton installed and no GPU seen (conftest.py)",
+)
 
 
 def compiled_for_gpus(code: str, tmp_path: Path) -> list[list[str]]:

@@ -1,19 +1,19 @@
 """The command line: bad input is one clear line naming the argument; bugs keep their traceback."""
 
 import argparse
-import importlib.util
 import json
 import shutil
 
 import pytest
 import torch
-from conftest import NEEDS_TRITON, TINY_RUN, usage_error
+from conftest import INTERPRETED_TRITON, TINY_RUN, usage_error
 
 import tokenmix
 from tokenmix.cli import build_parser, main
 from tokenmix.cli.common import printable
 from tokenmix.mixers.registry import list_mixers
 from tokenmix.models.registry import list_models
+from tokenmix.ops import history_toeplitz
 
 
 @pytest.fixture(scope="module")
@@ -112,16 +112,26 @@ def test_sampled_text_is_the_same_streamed_or_batched(run, capsys):
     assert capsys.readouterr().out == batched and batched.count("\n---\n") == 1
     assert main(["generate", str(run), *prompts, "--decoding", "static"]) == 0  # static buffers, eager on the CPU
     assert capsys.readouterr().out == batched
-    if importlib.util.find_spec("triton"):  # the fused history kernel, in Triton's interpreter off the GPU (conftest.py)
-        assert main(["generate", str(run), *prompts, "--decoding", "static", "--kernels", "fused"]) == 0
-        assert capsys.readouterr().out == batched
 
 
-@NEEDS_TRITON
-@pytest.mark.parametrize("command", ["generate", "eval"])
-def test_fused_kernels_where_they_cannot_run_are_refused_in_one_line(command, run, capsys, monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    error = usage_error([command, str(run), "--kernels", "fused"], capsys)
+@INTERPRETED_TRITON
+def test_generate_steps_static_buffers_by_the_fused_kernel_when_told(run, capsys, monkeypatch):
+    """``--kernels fused`` (``--device auto``: the CPU here, in Triton's interpreter): each static step's Toeplitz product
+    by the history kernel, the text that of the stream; where the kernels cannot run, refused in one line."""
+    prompts = ["--prompt", "To", "--prompt", "be, or", "--temperature", "1.0", "--seed", "7", "--max-new-tokens", "12"]
+    assert main(["generate", str(run), *prompts]) == 0
+    stream = capsys.readouterr().out
+    launches, (triton, kernel) = [], history_toeplitz._kernel()
+
+    class Launches:  # the kernel, each launch noted
+        def __getitem__(self, grid):
+            return lambda *args, **options: launches.append(grid) or kernel[grid](*args, **options)
+
+    monkeypatch.setattr(history_toeplitz, "_kernel", lambda: (triton, Launches()))
+    assert main(["generate", str(run), *prompts, "--decoding", "static", "--kernels", "fused", "--device", "auto"]) == 0
+    assert capsys.readouterr().out == stream and launches and all(grid[0] == 2 for grid in launches)  # both rows each step
+    monkeypatch.delenv("TRITON_INTERPRET")
+    error = usage_error(["generate", str(run), "--kernels", "fused", "--device", "auto"], capsys)
     assert "the fused kernels run on CUDA tensors (or any under TRITON_INTERPRET=1), got cpu" in error
 
 

@@ -183,6 +183,19 @@ def test_auto_runs_the_fused_kernels_only_where_they_proved_themselves(monkeypat
         assert not toeplitz.fused_ready(device)  # asked once
 
 
+def test_the_probe_before_compiling_tries_the_kernels_only_where_auto_may_run_them(monkeypatch):
+    """``probe_fused_kernels`` (``--compile``) on a CUDA device with triton: under "auto" only; "torch" rules the kernels
+    out, and "fused" runs them unasked."""
+    asked = []
+    monkeypatch.setattr(toeplitz, "fused_ready", asked.append)
+    monkeypatch.setattr(toeplitz, "triton_available", lambda: True)
+    for choice in ("torch", "fused", "auto"):
+        with kernels(choice):
+            toeplitz.probe_fused_kernels("cuda")
+    toeplitz.probe_fused_kernels("cpu")
+    assert asked == ["cuda"]
+
+
 @NEEDS_TRITON
 def test_the_fused_kernels_custom_operators_pass_opcheck():
     """What ``torch.compile`` relies on: schemas, fake (shape-only) versions that agree with the kernels, AOT dispatch."""

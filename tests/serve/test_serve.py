@@ -6,7 +6,6 @@ test_serve_restart.py)."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import re
@@ -23,6 +22,7 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai", reason="the server is tested with the official openai client (the dev extra)")
 
 import tokenmix  # noqa: E402
+from tokenmix.ops import fused_toeplitz  # noqa: E402
 from tokenmix.runs import open_run  # noqa: E402
 from tokenmix.serve.launch import ServerProcess  # noqa: E402
 
@@ -86,9 +86,10 @@ def test_the_openai_client_completes_streamed_and_not_as_generate_does(served, n
 
 
 def test_a_server_that_decodes_from_static_buffers_answers_as_generate_does(run, network):
-    """``--decoding static`` (eager on the CPU, a CUDA graph per batch on CUDA) crosses to the engine's process, with
-    ``--kernels fused`` where triton imports (the history kernel, in Triton's interpreter off the GPU: conftest.py)."""
-    fused = ["--kernels", "fused"] if importlib.util.find_spec("triton") else []
+    """``--decoding static`` (eager on the CPU, a CUDA graph per batch on CUDA) crosses to the engine's process; with
+    ``--kernels fused`` where the fused kernels run on the CPU (the history kernel, in Triton's interpreter: conftest.py;
+    the tokens cannot tell which kernel ran: ``test_generate_steps_static_buffers_by_the_fused_kernel_when_told``)."""
+    fused = ["--kernels", "fused"] if fused_toeplitz.interpreted() and fused_toeplitz.triton_available() else []
     with serving(run, "--decoding", "static", *fused) as server:
         assert any(line.endswith("batches decode from static buffers") for line in server.lines)
         http = httpx.Client(timeout=120)

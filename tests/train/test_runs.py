@@ -9,10 +9,13 @@ import time
 
 import pytest
 import torch
-from conftest import NEEDS_TRITON, usage_error
+from conftest import INTERPRETED_TRITON, usage_error
 
 from tokenmix.cli import main
+from tokenmix.cli import train as train_command
+from tokenmix.generation import generate
 from tokenmix.ops import fused_toeplitz
+from tokenmix.ops.fused_toeplitz import kernel_choice
 from tokenmix.runs.checkpoint import load_checkpoint
 from tokenmix.runs.metrics import read_metrics
 from tokenmix.train import TrainConfig, Trainer
@@ -74,21 +77,25 @@ def test_a_run_directory_is_never_silently_reused(finished_run, capsys):
     assert steps_logged(run) == [1, 2, 3, 4] and sum(bool(r.get("final")) for r in records) == 1
 
 
-@NEEDS_TRITON
+@INTERPRETED_TRITON
 def test_a_run_steps_on_the_kernels_it_asks_for_and_a_resume_may_change_them(finished_run, capsys, monkeypatch):
-    """``--kernels fused`` (Triton's interpreter off the GPU, conftest.py): the factored products of the memory estimate
-    (two forwards, of one and two copies of a batch) and of the step (forward and backward) by the fused kernel; a
-    resume records the change; fused where it cannot run is refused in one line, the run untouched."""
-    text_file, run = finished_run
+    """``--kernels fused`` (on the CPU, in Triton's interpreter: conftest.py): the factored products of the memory
+    estimate (two forwards, of one and two copies of a batch) and of the step (forward and backward) by the fused kernel,
+    the end-of-run sample generated under the choice too; a resume records the change; a resume of a run set to fused
+    where the kernels cannot run is refused in one line that says how to change it, the run untouched."""
+    _, run = finished_run
     assert load_checkpoint(run)["train_config"]["kernels"] == "auto"
     launches, launch = [], fused_toeplitz._launch
     monkeypatch.setattr(fused_toeplitz, "_launch", lambda *args, **kwargs: launches.append(kwargs) or launch(*args, **kwargs))
+    sampled = []
+    monkeypatch.setattr(train_command, "generate", lambda *args, **kwargs: sampled.append(kernel_choice()) or generate(*args, **kwargs))
     assert main(["train", "--resume", "--out", str(run), "--steps", "4", "--kernels", "fused"]) == 0
-    assert [bool(kwargs.get("conjugate")) for kwargs in launches] == [False, False, False, True]
+    assert [bool(kwargs.get("conjugate")) for kwargs in launches] == [False, False, False, True] and sampled == ["fused"]
     assert load_checkpoint(run)["resumes"] == [{"step": 3, "changed": {"steps": [3, 4], "kernels": ["auto", "fused"]}}]
     monkeypatch.delenv("TRITON_INTERPRET")
     before = (run / "checkpoint.pt").read_bytes()
-    error = usage_error(["train", "--resume", "--out", str(run), "--steps", "5", "--kernels", "fused"], capsys)
+    error = usage_error(["train", "--resume", "--out", str(run), "--steps", "5"], capsys)
+    assert "kernels 'fused' (--kernels; a resume keeps the run's own unless --kernels gives another)" in error
     assert "the fused kernels run on CUDA tensors (or any under TRITON_INTERPRET=1), got cpu" in error
     assert (run / "checkpoint.pt").read_bytes() == before
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import unicodedata
 
+from ..devices import resolve_device
 from ..fields import Choice, Existing, Integer
 from ..generation.graphs import DECODINGS
 from ..ops.fused_toeplitz import KERNELS, check_fused_device, kernels
@@ -49,8 +50,8 @@ def add_kernels(parser) -> None:
         "--kernels",
         type=Choice(list(KERNELS)),
         default="auto",
-        help="the Toeplitz mixers' fused Triton kernels (tno, fd_tno, causal ski_tno: the factored products in training, the "
-        "static decoding step): auto (on CUDA where triton imports and they passed their probe, else PyTorch's), torch "
+        help="the Toeplitz mixers' fused Triton kernels (tno, fd_tno, causal ski_tno: the factored products of a training step, "
+        "the static decoding step): auto (on CUDA where triton imports and they passed their probe, else PyTorch's), torch "
         "(PyTorch's, to compare or to rule them out) or fused (docs/training.md) (default: auto)",
     )
 
@@ -58,7 +59,7 @@ def add_kernels(parser) -> None:
 def kernels_of(args):
     """The ``kernels()`` block of ``--kernels``, refused first where the fused kernels cannot run on ``--device``."""
     if args.kernels == "fused":
-        check_fused_device(args.device)
+        check_fused_device(resolve_device(args.device))
     return kernels(args.kernels)
 
 

@@ -15,7 +15,7 @@ from ..train.evaluate import EVAL_BATCH, SCORES
 from ..train.objectives import objective_class, objective_for
 from ..version import __version__, source_revision
 from .arguments import Lengths, check_output_path
-from .common import RUN, add_kernels, add_precision, add_threads_and_device, kernels_of, use_threads
+from .common import RUN, add_precision, add_threads_and_device, use_threads
 
 
 def add_parser(subparsers) -> None:
@@ -41,7 +41,6 @@ def add_parser(subparsers) -> None:
     )
     add_threads_and_device(parser)
     add_precision(parser)
-    add_kernels(parser)
     parser.set_defaults(handler=run_eval)
 
 
@@ -151,13 +150,6 @@ def eval_report(results: list[dict]) -> str:
 
 
 def run_eval(args) -> int:
-    with user_input():
-        choice = kernels_of(args)
-    with choice:
-        return _evaluate(args)
-
-
-def _evaluate(args) -> int:
     with user_input():
         use_threads(args)
         check_output_path(args.json, "--json")

@@ -11,6 +11,7 @@ from pathlib import Path
 from ..errors import user_input
 from ..fields import Choice, Integer
 from ..generation import generate
+from ..ops.fused_toeplitz import kernels
 from ..runs.checkpoint import load_checkpoint, resolve_checkpoint
 from ..runs.layout import CHECKPOINT_FILE
 from ..train.config import TrainConfig
@@ -171,7 +172,8 @@ def run_training(trainer: Trainer, command: str, sample_tokens: int) -> int:
             if config.task == "lm" and trainer.objective.text and sample_tokens > 0:
                 tokenizer = trainer.tokenizer
                 prompt = tokenizer.encode(DEMO_PROMPT).long()
-                new = generate(trainer.whole_model(), [prompt], sample_tokens, temperature=0.8, top_k=40, seed=config.seed)[0]
+                with kernels(config.kernels):
+                    new = generate(trainer.whole_model(), [prompt], sample_tokens, temperature=0.8, top_k=40, seed=config.seed)[0]
                 print("sample:\n" + DEMO_PROMPT + printable(tokenizer.decode(new.tolist())))
             print(f"saved: {config.out}/checkpoint.pt and {config.out}/model/")
         finished = True

@@ -304,9 +304,10 @@ def fused_ready(device) -> bool:
 
 
 def probe_fused_kernels(device) -> None:
-    """``fused_ready`` asked now, eagerly, where the fused kernels may run (a CUDA device, triton installed): a module
-    compiled next for ``device`` uses them only if this has been asked before."""
-    if torch.device(device).type == "cuda" and triton_available():
+    """``fused_ready`` asked now, eagerly, where "auto" may run the fused kernels (a CUDA device, triton installed): a
+    module compiled next for ``device`` uses them only if this has been asked before. Under "torch" (or "fused") the
+    kernels are not tried."""
+    if kernel_choice() == "auto" and torch.device(device).type == "cuda" and triton_available():
         fused_ready(device)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ..devices import resolve_device
 from ..fields import Integer
 from ..generation.graphs import check_decoding
 from ..ops.fused_toeplitz import KERNELS, check_fused_device
@@ -64,7 +65,7 @@ class ServeConfig:
         if self.kernels not in KERNELS:
             raise ValueError(f"kernels must be one of {list(KERNELS)}, got {self.kernels!r}")
         if self.kernels == "fused":
-            check_fused_device(self.device)
+            check_fused_device(resolve_device(self.device))
         if not isinstance(self.engine, EngineConfig):
             raise ValueError(f"engine must be an EngineConfig, got {type(self.engine).__name__}")
 

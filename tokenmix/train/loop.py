@@ -167,7 +167,8 @@ class Trainer:
             self.model.precision = config.precision
             parallelism = ParallelConfig(config.activation_checkpointing, config.compile, config.fsdp, config.precision)
             prepare = functools.partial(self._prepare_run, saved=saved, overwrite=overwrite, memory_check=memory_check)
-            self.parallel = parallelize(self.model, self.dims, parallelism, prepare)
+            with kernels(config.kernels):  # the memory estimate's steps, and a compiled model's probe of the fused kernels
+                self.parallel = parallelize(self.model, self.dims, parallelism, prepare)
             self.part = shard_part(self.objective, self.parallel.split, config.seq_len)  # of each window, what this process reads
             self._build_optimizer()
             self.sinks = start_trackers(config, self.model, self.out, saved, self.dims.is_main)  # --log, ended by ``run``
@@ -181,9 +182,8 @@ class Trainer:
         """The last checks, while the model is eager and whole (``parallelize``'s ``before_wrapping``): the memory a step
         needs (its model ``split`` as a step runs it); only then is the run directory touched, by the main process."""
 
-        def loss_of(copies: int) -> torch.Tensor:  # the kernels chosen in the forward do the backward too
-            with kernels(self.config.kernels):
-                return probe_loss(self.objective, self.model, split, copies, self.config.seq_len, self.device)
+        def loss_of(copies: int) -> torch.Tensor:
+            return probe_loss(self.objective, self.model, split, copies, self.config.seq_len, self.device)
 
         self.memory = estimate_training_memory(self.model, loss_of, self.config.batch_size, self.device)
         if memory_check:

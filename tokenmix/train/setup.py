@@ -42,7 +42,10 @@ def configure_process(config: TrainConfig) -> torch.device:
         set_finite_checks(True)
     device = resolve_device(config.device)
     if config.kernels == "fused":
-        check_fused_device(device)
+        try:
+            check_fused_device(device)
+        except ValueError as error:
+            raise ValueError(f"kernels 'fused' (--kernels; a resume keeps the run's own unless --kernels gives another): {error}") from None
     check_task(config.data, config.task)  # before the data is read or generated
     check_launch(config.context_parallel, config.fsdp)
     check_installed(config.log or ())
