@@ -9,6 +9,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tokenmix.ops.fused_toeplitz import interpreter_fault
+
 LENGTHS = (1, 7, 100, 1000, 1024)
 
 # The fused Triton kernels (tokenmix/ops/fused_toeplitz.py) run on CPU tensors only in Triton's interpreter, which
@@ -19,13 +21,20 @@ LENGTHS = (1, 7, 100, 1000, 1024)
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-NEEDS_TRITON = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None, reason="the fused kernels need triton: pip install 'tokenmix[fused]'"
+TRITON = importlib.util.find_spec("triton") is not None
+NO_TRITON = "the fused kernels need triton: pip install 'tokenmix[fused]'"
+# Why the kernels cannot run in Triton's interpreter here (an old Triton with a new NumPy), or None.
+INTERPRETER_FAULT = interpreter_fault() if TRITON else None
+# Tests that compile the kernels for GPU targets (no GPU needed).
+NEEDS_TRITON = pytest.mark.skipif(not TRITON, reason=NO_TRITON)
+# Tests that run the kernels: on the GPU, else on CPU tensors in Triton's interpreter (set above).
+RUNS_TRITON = pytest.mark.skipif(
+    not TRITON or (not torch.cuda.is_available() and INTERPRETER_FAULT is not None), reason=INTERPRETER_FAULT or NO_TRITON
 )
-# Tests that run the fused kernels on CPU tensors: only in Triton's interpreter, set above where no GPU is seen.
+# Tests that run the kernels on CPU tensors only: in Triton's interpreter, set above where no GPU is seen.
+FUSED_ON_CPU = TRITON and "TRITON_INTERPRET" in os.environ and INTERPRETER_FAULT is None
 INTERPRETED_TRITON = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None or "TRITON_INTERPRET" not in os.environ,
-    reason="runs the fused kernels on the CPU, in Triton's interpreter: triton installed and no GPU seen (conftest.py)",
+    not FUSED_ON_CPU, reason=INTERPRETER_FAULT or ("a GPU is seen, so no interpreter (conftest.py)" if TRITON else NO_TRITON)
 )
 
 

@@ -8,7 +8,7 @@ it as one on a GPU).
 
 import pytest
 import torch
-from conftest import LENGTHS, NEEDS_TRITON, OperatorsCalled, host_made_tensors, relative_error
+from conftest import LENGTHS, RUNS_TRITON, OperatorsCalled, host_made_tensors, relative_error
 from test_contracts import CAUSAL, LM_MODELS, mixer, model
 from torch._dynamo.utils import counters
 
@@ -70,7 +70,7 @@ def test_a_static_step_keeps_its_buffers_and_rows_at_their_own_positions(name):
     assert relative_error(outputs, torch.cat(alone)) < 1e-12
 
 
-@NEEDS_TRITON
+@RUNS_TRITON
 @pytest.mark.parametrize("name", TOEPLITZ_MIXERS)
 def test_a_toeplitz_mixer_steps_its_buffers_by_the_fused_kernel_eagerly_and_compiled(name, monkeypatch):
     """Under ``kernels("fused")`` (Triton's interpreter off the GPU) rows at their own positions step to the outputs and

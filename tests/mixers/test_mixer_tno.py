@@ -1,6 +1,8 @@
+import re
+
 import pytest
 import torch
-from conftest import LENGTHS, NEEDS_TRITON, compiled_for_gpus, relative_error
+from conftest import LENGTHS, NEEDS_TRITON, RUNS_TRITON, compiled_for_gpus, relative_error
 
 import tokenmix
 from tokenmix.mixers.tno import Tno, TnoOptions
@@ -105,7 +107,7 @@ SMALL_RPE = {"rpe_dim": 8}
 FACTORED = [("tno", False, SMALL_RPE), ("tno", True, SMALL_RPE), ("fd_tno", True, SMALL_RPE), ("ski_tno", True, {"knots": 8})]
 
 
-@NEEDS_TRITON
+@RUNS_TRITON
 @pytest.mark.parametrize(("name", "causal", "options"), FACTORED)
 def test_the_factored_products_of_mixers_run_the_fused_kernels_when_told_with_the_same_results(name, causal, options, monkeypatch):
     """Under ``kernels("fused")`` (in Triton's interpreter off the GPU, conftest.py) the same outputs and gradients as
@@ -133,6 +135,25 @@ def test_the_factored_products_of_mixers_run_the_fused_kernels_when_told_with_th
 
 
 @NEEDS_TRITON
+@pytest.mark.parametrize(("triton", "numpy", "works"), [("3.6.0", "2.4.6", False), ("3.7.0", "2.4.0", True), ("3.6.0", "2.3.5", True)])
+def test_fused_on_the_cpu_is_refused_in_one_line_where_the_interpreter_fails_with_the_installed_numpy(triton, numpy, works, monkeypatch):
+    """Triton's interpreter before 3.7 fails with NumPy 2.4 or later on every loop bounded by a kernel argument (it turns
+    one-element arrays into integers, triton-lang/triton issue 9171): the fused kernels on a CPU device are then refused
+    with the versions and the fix, and not on a GPU (compiled kernels are not affected)."""
+    versions = {"triton": triton, "numpy": numpy}
+    monkeypatch.setattr(fused_toeplitz.importlib.metadata, "version", versions.__getitem__)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    fused_toeplitz.check_fused_device("cuda")
+    if works:
+        assert fused_toeplitz.interpreter_fault() is None
+        fused_toeplitz.check_fused_device("cpu")
+        return
+    expected = "the fused kernels cannot run on cpu: Triton 3.6's interpreter fails with NumPy 2.4 (triton-lang/triton issue 9171)"
+    with pytest.raises(ValueError, match=re.escape(f"{expected}: pip install 'triton>=3.7' or 'numpy<2.4'")):
+        fused_toeplitz.check_fused_device("cpu")
+
+
+@RUNS_TRITON
 @pytest.mark.parametrize("causal", [False, True])
 def test_a_compiled_tno_runs_the_fused_kernels_in_its_graph(causal, monkeypatch):
     """Captured whole (``fullgraph``; forward and backward traced by AOTAutograd) with the kernels as custom operators:
@@ -156,7 +177,7 @@ def test_a_compiled_tno_runs_the_fused_kernels_in_its_graph(causal, monkeypatch)
         assert relative_error(compiled, eager) < 1e-5
 
 
-@NEEDS_TRITON
+@RUNS_TRITON
 def test_auto_runs_the_fused_kernels_only_where_they_proved_themselves(monkeypatch):
     """``fused_ready`` runs one small product both ways on a device, once: on the GPU, else on the CPU through the
     interpreter; a kernel that fails or disagrees there leaves PyTorch's path in force, with a warning that says why."""
@@ -196,7 +217,7 @@ def test_the_probe_before_compiling_tries_the_kernels_only_where_auto_may_run_th
     assert asked == ["cuda"]
 
 
-@NEEDS_TRITON
+@RUNS_TRITON
 def test_the_fused_kernels_custom_operators_pass_opcheck():
     """What ``torch.compile`` relies on: schemas, fake (shape-only) versions that agree with the kernels, AOT dispatch."""
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -3,7 +3,7 @@ against the definition, on the GPU or on the CPU through Triton's interpreter (`
 
 import pytest
 import torch
-from conftest import LENGTHS, NEEDS_TRITON, compiled_for_gpus, relative_error
+from conftest import LENGTHS, NEEDS_TRITON, RUNS_TRITON, compiled_for_gpus, relative_error
 
 from tokenmix.ops import history_toeplitz, toeplitz
 from tokenmix.ops.history_toeplitz import history_product, naive_history_product
@@ -21,7 +21,7 @@ def stream_buffers(capacity: int, positions: list[int], dim: int, dtype=torch.fl
 
 
 @pytest.mark.parametrize("capacity", LENGTHS)
-@pytest.mark.parametrize("fused", [pytest.param(False, id="torch"), pytest.param(True, marks=NEEDS_TRITON, id="fused")])
+@pytest.mark.parametrize("fused", [pytest.param(False, id="torch"), pytest.param(True, marks=RUNS_TRITON, id="fused")])
 def test_each_form_gives_the_definitions_outputs_and_writes_its_buffer(capacity, fused):
     """Rows at the first position, the last, and one inside (the fused form's blocks of lags: a partial one); 48
     channels (two blocks of channels, one partial)."""
@@ -35,7 +35,7 @@ def test_each_form_gives_the_definitions_outputs_and_writes_its_buffer(capacity,
     assert position.tolist() == positions  # the caller advances the positions
 
 
-@NEEDS_TRITON
+@RUNS_TRITON
 def test_the_fused_form_casts_the_input_to_the_buffers_dtype_and_reads_no_history_past_the_position():
     """A bfloat16 input into float32 buffers (autocast's decoding); the buffer past each row's position full of values
     the PyTorch form would read (a stream's buffer holds zeros there): the fused form sums the live history only."""
@@ -48,7 +48,7 @@ def test_the_fused_form_casts_the_input_to_the_buffers_dtype_and_reads_no_histor
     assert torch.equal(torch.stack([inputs[0, 5], inputs[1, 200]]), x.float())
 
 
-@NEEDS_TRITON
+@RUNS_TRITON
 def test_the_fused_form_touches_nothing_of_a_row_past_its_buffer():
     """A position at the capacity or before the buffer (a caller's error; PyTorch's form raises an IndexError at the
     first) writes no memory and gives zeros; the other rows step as they would alone."""
@@ -63,7 +63,7 @@ def test_the_fused_form_touches_nothing_of_a_row_past_its_buffer():
         history_product(inputs.cpu(), torch.tensor([16, 9, 5]), x.cpu(), taps.cpu(), fused=False)
 
 
-@pytest.mark.parametrize("fused", [pytest.param(False, id="torch"), pytest.param(True, marks=NEEDS_TRITON, id="fused")])
+@pytest.mark.parametrize("fused", [pytest.param(False, id="torch"), pytest.param(True, marks=RUNS_TRITON, id="fused")])
 def test_shapes_that_do_not_fit_are_refused_with_the_argument_named(fused):
     inputs, position, x, taps = stream_buffers(16, [3, 9], 8)
     wrong = {
@@ -77,7 +77,7 @@ def test_shapes_that_do_not_fit_are_refused_with_the_argument_named(fused):
             history_product(*arguments, fused=fused)
 
 
-@NEEDS_TRITON
+@RUNS_TRITON
 def test_the_probe_asked_first_under_inference_mode_keeps_the_fused_kernels(monkeypatch):
     """A decoding step under ``torch.inference_mode`` may be the first to ask ``fused_ready``: its probe differentiates."""
     monkeypatch.setattr(toeplitz, "_READY", {})
@@ -85,14 +85,14 @@ def test_the_probe_asked_first_under_inference_mode_keeps_the_fused_kernels(monk
         assert toeplitz.fused_ready(DEVICE)
 
 
-@NEEDS_TRITON
+@RUNS_TRITON
 def test_the_fused_forms_custom_operator_passes_opcheck():
     """What ``torch.compile`` relies on: the schema (the buffer it writes), the fake version, AOT dispatch."""
     inputs, position, x, taps = stream_buffers(70, [0, 69], 20, dtype=torch.float32)
     torch.library.opcheck(history_toeplitz._history_op, (inputs, position, x, taps))
 
 
-@NEEDS_TRITON
+@RUNS_TRITON
 def test_the_probe_of_the_fused_kernels_finds_a_broken_history_kernel(monkeypatch):
     """``fused_ready`` checks the history kernel too: a wrong one leaves PyTorch's path in force, with the reason."""
     operator = history_toeplitz._history_op

@@ -5,11 +5,9 @@ One parametrized test over ``list_ops()``: an op is covered by registering its f
 (Triton) form to its naive one, on the GPU, or on the CPU through Triton's interpreter (``conftest.py``).
 """
 
-import importlib.util
-
 import pytest
 import torch
-from conftest import LENGTHS
+from conftest import LENGTHS, RUNS_TRITON
 
 from tokenmix.ops import list_ops, op_forms
 
@@ -96,7 +94,7 @@ def test_continuing_from_a_final_state_gives_the_whole_sequence(name):
 FUSED_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on the CPU, Triton's interpreter (see conftest.py)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the fused forms need triton: pip install 'tokenmix[fused]'")
+@RUNS_TRITON
 @pytest.mark.parametrize("name", [name for name in list_ops() if op_forms(name).fused is not None])
 @pytest.mark.parametrize("n", LENGTHS)
 def test_the_fused_form_of_an_op_agrees_with_its_naive_form_on_outputs_and_gradients(name, n):

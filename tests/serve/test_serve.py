@@ -21,8 +21,9 @@ pytest.importorskip("fastapi", reason='the server needs its extra: pip install "
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai", reason="the server is tested with the official openai client (the dev extra)")
 
+from conftest import FUSED_ON_CPU  # noqa: E402
+
 import tokenmix  # noqa: E402
-from tokenmix.ops import fused_toeplitz  # noqa: E402
 from tokenmix.runs import open_run  # noqa: E402
 from tokenmix.serve.launch import ServerProcess  # noqa: E402
 
@@ -89,7 +90,7 @@ def test_a_server_that_decodes_from_static_buffers_answers_as_generate_does(run,
     """``--decoding static`` (eager on the CPU, a CUDA graph per batch on CUDA) crosses to the engine's process; with
     ``--kernels fused`` where the fused kernels run on the CPU (the history kernel, in Triton's interpreter: conftest.py;
     the tokens cannot tell which kernel ran: ``test_generate_steps_static_buffers_by_the_fused_kernel_when_told``)."""
-    fused = ["--kernels", "fused"] if fused_toeplitz.interpreted() and fused_toeplitz.triton_available() else []
+    fused = ["--kernels", "fused"] if FUSED_ON_CPU else []
     with serving(run, "--decoding", "static", *fused) as server:
         assert any(line.endswith("batches decode from static buffers") for line in server.lines)
         http = httpx.Client(timeout=120)

@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.metadata
 import importlib.util
 import os
+from itertools import takewhile
 
 import torch
 
@@ -70,13 +72,35 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
+def _release(package: str) -> tuple[int, int]:
+    """An installed package's (major, minor) version."""
+    major, minor = (importlib.metadata.version(package).split(".") + ["0"])[:2]
+    return int(major), int("".join(takewhile(str.isdigit, minor)) or 0)
+
+
+def interpreter_fault() -> str | None:
+    """Why Triton's interpreter cannot run the kernels with the installed packages, or None: before Triton 3.7 it turns
+    one-element arrays into Python integers, which NumPy 2.4 refuses (triton-lang/triton issue 9171), so every loop whose
+    bound is a kernel argument fails. Compiled kernels on a GPU are not affected."""
+    triton, numpy = _release("triton"), _release("numpy")
+    if triton < (3, 7) and numpy >= (2, 4):
+        return (
+            f"Triton {'.'.join(map(str, triton))}'s interpreter fails with NumPy {'.'.join(map(str, numpy))} (triton-lang/triton "
+            "issue 9171): pip install 'triton>=3.7' or 'numpy<2.4'"
+        )
+    return None
+
+
 def check_fused_device(device) -> None:
     """ValueError unless the kernel can run on ``device`` (a torch.device or its name): triton imports, and it is a CUDA
-    device (any device under TRITON_INTERPRET=1)."""
+    device (any device under TRITON_INTERPRET=1, with an interpreter that works: ``interpreter_fault``)."""
     if not triton_available():
         raise ValueError(FUSED_EXTRA)
-    if torch.device(device).type != "cuda" and not interpreted():
-        raise ValueError(f"the fused kernels run on CUDA tensors (or any under TRITON_INTERPRET=1), got {device}")
+    if torch.device(device).type != "cuda":
+        if not interpreted():
+            raise ValueError(f"the fused kernels run on CUDA tensors (or any under TRITON_INTERPRET=1), got {device}")
+        if fault := interpreter_fault():
+            raise ValueError(f"the fused kernels cannot run on {device}: {fault}")
 
 
 def import_triton():
