@@ -38,6 +38,21 @@ INTERPRETED_TRITON = pytest.mark.skipif(
 )
 
 
+def history_kernel_launches(monkeypatch) -> list[tuple[tuple, list[int]]]:
+    """The static decoding step's fused kernel (``ops/history_toeplitz.py``) spied on from now on: each launch noted as
+    (its grid, the rows' positions), then run."""
+    from tokenmix.ops import history_toeplitz
+
+    launches, (triton, kernel) = [], history_toeplitz._kernel()
+
+    class Launches:
+        def __getitem__(self, grid):
+            return lambda *args, **options: launches.append((grid, args[1].tolist())) or kernel[grid](*args, **options)
+
+    monkeypatch.setattr(history_toeplitz, "_kernel", lambda: (triton, Launches()))
+    return launches
+
+
 def compiled_for_gpus(code: str, tmp_path: Path) -> list[list[str]]:
     """The lines ``code`` prints, split, run in a process without TRITON_INTERPRET and with an empty kernel cache: code
     that compiles Triton kernels for GPU targets (down to ptxas, which the interpreter never runs) and prints a line per

@@ -6,14 +6,13 @@ import shutil
 
 import pytest
 import torch
-from conftest import INTERPRETED_TRITON, TINY_RUN, usage_error
+from conftest import INTERPRETED_TRITON, TINY_RUN, history_kernel_launches, usage_error
 
 import tokenmix
 from tokenmix.cli import build_parser, main
 from tokenmix.cli.common import printable
 from tokenmix.mixers.registry import list_mixers
 from tokenmix.models.registry import list_models
-from tokenmix.ops import history_toeplitz
 
 
 @pytest.fixture(scope="module")
@@ -121,15 +120,9 @@ def test_generate_steps_static_buffers_by_the_fused_kernel_when_told(run, capsys
     prompts = ["--prompt", "To", "--prompt", "be, or", "--temperature", "1.0", "--seed", "7", "--max-new-tokens", "12"]
     assert main(["generate", str(run), *prompts]) == 0
     stream = capsys.readouterr().out
-    launches, (triton, kernel) = [], history_toeplitz._kernel()
-
-    class Launches:  # the kernel, each launch noted
-        def __getitem__(self, grid):
-            return lambda *args, **options: launches.append(grid) or kernel[grid](*args, **options)
-
-    monkeypatch.setattr(history_toeplitz, "_kernel", lambda: (triton, Launches()))
+    launches = history_kernel_launches(monkeypatch)
     assert main(["generate", str(run), *prompts, "--decoding", "static", "--kernels", "fused", "--device", "auto"]) == 0
-    assert capsys.readouterr().out == stream and launches and all(grid[0] == 2 for grid in launches)  # both rows each step
+    assert capsys.readouterr().out == stream and launches and all(grid[0] == 2 for grid, _ in launches)  # both rows each step
     monkeypatch.delenv("TRITON_INTERPRET")
     error = usage_error(["generate", str(run), "--kernels", "fused", "--device", "auto"], capsys)
     assert "the fused kernels run on CUDA tensors (or any under TRITON_INTERPRET=1), got cpu" in error

@@ -8,13 +8,12 @@ it as one on a GPU).
 
 import pytest
 import torch
-from conftest import LENGTHS, RUNS_TRITON, OperatorsCalled, host_made_tensors, relative_error
+from conftest import LENGTHS, RUNS_TRITON, OperatorsCalled, history_kernel_launches, host_made_tensors, relative_error
 from test_contracts import CAUSAL, LM_MODELS, mixer, model
 from torch._dynamo.utils import counters
 
 from tokenmix.generation import StaticDecoder, generate
 from tokenmix.generation.graphs import use_static_decoding
-from tokenmix.ops import history_toeplitz
 from tokenmix.ops.fused_toeplitz import kernels
 
 STATIC_MIXERS = [name for name in CAUSAL if mixer(name, True).static_decoding]
@@ -79,13 +78,7 @@ def test_a_toeplitz_mixer_steps_its_buffers_by_the_fused_kernel_eagerly_and_comp
     device = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter runs only where no GPU is seen (conftest.py)
     module = mixer(name, True).eval().to(device)
     x = torch.randn(2, 20, module.dim, device=device)
-    launches, (triton, kernel) = [], history_toeplitz._kernel()
-
-    class Launches:  # the kernel, each launch's positions noted
-        def __getitem__(self, grid):
-            return lambda *args, **options: launches.append(args[1].tolist()) or kernel[grid](*args, **options)
-
-    monkeypatch.setattr(history_toeplitz, "_kernel", lambda: (triton, Launches()))
+    launches = history_kernel_launches(monkeypatch)
     with torch.no_grad():
         states = [module.step(x[:, :6], module.init_state(2, max_length=32, device=device))[1] for _ in range(3)]
         expected, eager, compiled = (module.static_state(state, 32) for state in states)
@@ -101,7 +94,7 @@ def test_a_toeplitz_mixer_steps_its_buffers_by_the_fused_kernel_eagerly_and_comp
             with kernels("fused"):
                 assert relative_error(module.static_step(x[:, t : t + 1], eager), reference) < 1e-5
                 assert relative_error(step(x[:, t : t + 1], compiled), reference) < 1e-5
-    assert launches == [[t, t + 3] for t in range(6, 20) for _ in range(2)]
+    assert [positions for _, positions in launches] == [[t, t + 3] for t in range(6, 20) for _ in range(2)]
     assert counters["stats"]["unique_graphs"] == 1
     for state in (eager, compiled):
         assert relative_error(state.inputs, expected.inputs) < 1e-6 and torch.equal(state.position, expected.position)
