@@ -62,6 +62,7 @@ def kernel_choice() -> str:
     return _choice[-1]
 
 
+@torch.compiler.assume_constant_result  # asked inside compiled blocks: torch 2.11's compiler cannot trace find_spec
 def triton_available() -> bool:
     """Whether triton can be imported (without importing it)."""
     return importlib.util.find_spec("triton") is not None
@@ -78,6 +79,7 @@ def _release(package: str) -> tuple[int, int]:
     return int(major), int("".join(takewhile(str.isdigit, minor)) or 0)
 
 
+@torch.compiler.assume_constant_result  # as triton_available: the installed versions, read once per compiled graph
 def interpreter_fault() -> str | None:
     """Why Triton's interpreter cannot run the kernels with the installed packages, or None: before Triton 3.7 it turns
     one-element arrays into Python integers, which NumPy 2.4 refuses (triton-lang/triton issue 9171), so every loop whose

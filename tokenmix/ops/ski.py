@@ -89,7 +89,11 @@ class _AdjointPair(torch.autograd.Function):
 
 
 def _interpolated_product(x: torch.Tensor, kernel: torch.Tensor, restrict, prolong) -> torch.Tensor:
-    """W A W^T x from W^T (``restrict``) and W (``prolong``), each the other's backward."""
+    """W A W^T x from W^T (``restrict``) and W (``prolong``), each the other's backward. Compiled, the plain operations:
+    the compiler derives their backward, and torch 2.11's routes a Function's gradient to the wrong output when its
+    forward writes in place into what it returns (``_scatter``, ``_gather``; pytorch issue 180642)."""
+    if torch.compiler.is_compiling():
+        return prolong(_apply_small(kernel, restrict(x)))
     z = _AdjointPair.apply(x, restrict, prolong)
     return _AdjointPair.apply(_apply_small(kernel, z), prolong, restrict)
 

@@ -65,8 +65,12 @@ def _input_spectrum(x: torch.Tensor, fft_size: int) -> torch.Tensor:
 
 
 def _output_signal(product: torch.Tensor, fft_size: int, n: int, dtype: torch.dtype) -> torch.Tensor:
-    """The first n samples of irfft(product, N) in ``dtype``, as a (batch, n, d) view of the channels-first result."""
-    return torch.fft.irfft(product, n=fft_size, dim=-1)[..., :n].transpose(1, 2).to(dtype)
+    """The first n samples of irfft(product, N) in ``dtype``, as a (batch, n, d) view of the channels-first result.
+    Cast only where the dtype differs: torch 2.11's compiler routes a Function's gradient to the wrong output when the
+    tensor it returns is also an intermediate (``.to`` to its own dtype returns it; pytorch issue 180642), and its
+    gradients were then zeros."""
+    signal = torch.fft.irfft(product, n=fft_size, dim=-1)[..., :n].transpose(1, 2)
+    return signal if signal.dtype == dtype else signal.to(dtype)
 
 
 def _convolve(ctx, x: torch.Tensor, multiply, fft_size: int, keep_input: bool):
