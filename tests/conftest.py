@@ -9,8 +9,6 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tokenmix.ops.fused_toeplitz import interpreter_fault
-
 LENGTHS = (1, 7, 100, 1000, 1024)
 
 # The fused Triton kernels (tokenmix/ops/fused_toeplitz.py) run on CPU tensors only in Triton's interpreter, which
@@ -21,10 +19,10 @@ LENGTHS = (1, 7, 100, 1000, 1024)
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from tokenmix.ops.fused_toeplitz import INTERPRETER_FAULT  # noqa: E402  (after the variable: it may import triton)
+
 TRITON = importlib.util.find_spec("triton") is not None
 NO_TRITON = "the fused kernels need triton: pip install 'tokenmix[fused]'"
-# Why the kernels cannot run in Triton's interpreter here (an old Triton with a new NumPy), or None.
-INTERPRETER_FAULT = interpreter_fault() if TRITON else None
 # Tests that compile the kernels for GPU targets (no GPU needed).
 NEEDS_TRITON = pytest.mark.skipif(not TRITON, reason=NO_TRITON)
 # Tests that run the kernels: on the GPU, else on CPU tensors in Triton's interpreter (set above).

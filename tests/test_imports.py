@@ -26,9 +26,11 @@ APPLICATION = (
 )
 
 
-def loaded_after(code: str) -> list[str]:
-    """The tokenmix modules a fresh interpreter holds after running ``code``."""
-    script = f"import sys\n{code}\nimport json\nprint(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'tokenmix')))"
+def loaded_after(code: str, roots: tuple[str, ...] = ("tokenmix",)) -> list[str]:
+    """The modules of ``roots`` (top-level names, or a package such as "torch._dynamo") a fresh interpreter holds after
+    running ``code``."""
+    wanted = f"m == r or m.startswith(r + '.') for r in {roots!r}"
+    script = f"import sys\n{code}\nimport json\nprint(json.dumps(sorted(m for m in sys.modules if any({wanted}))))"
     return json.loads(subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True).stdout)
 
 
@@ -38,9 +40,10 @@ def test_import_tokenmix_loads_no_model_data_or_training_code():
 
 def test_building_and_running_a_model_loads_no_application_code():
     build_and_run = "tokenmix.build_model('tnn', vocab_size=8, dim=8, depth=1)(torch.zeros(1, 4, dtype=torch.long))"
-    modules = loaded_after(f"import tokenmix, torch\n{build_and_run}")
+    modules = loaded_after(f"import tokenmix, torch\n{build_and_run}", roots=("tokenmix", "torch._dynamo", "triton"))
     assert "tokenmix.models.model" in modules
     assert [m for m in modules if m.startswith(APPLICATION)] == []
+    assert [m for m in modules if not m.startswith("tokenmix")] == []  # the compiler, the kernels: on first use only
 
 
 @pytest.mark.parametrize("package", [tokenmix, tokenmix.data])

@@ -1,3 +1,4 @@
+import importlib.metadata
 import re
 
 import pytest
@@ -142,6 +143,7 @@ def test_fused_on_the_cpu_is_refused_in_one_line_where_the_interpreter_fails_wit
     with the versions and the fix, and not on a GPU (compiled kernels are not affected)."""
     versions = {"triton": triton, "numpy": numpy}
     monkeypatch.setattr(fused_toeplitz.importlib.metadata, "version", versions.__getitem__)
+    monkeypatch.setattr(fused_toeplitz, "INTERPRETER_FAULT", fused_toeplitz.interpreter_fault())  # as found on import
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     fused_toeplitz.check_fused_device("cuda")
     if works:
@@ -151,6 +153,18 @@ def test_fused_on_the_cpu_is_refused_in_one_line_where_the_interpreter_fails_wit
     expected = "the fused kernels cannot run on cpu: Triton 3.6's interpreter fails with NumPy 2.4 (triton-lang/triton issue 9171)"
     with pytest.raises(ValueError, match=re.escape(f"{expected}: pip install 'triton>=3.7' or 'numpy<2.4'")):
         fused_toeplitz.check_fused_device("cpu")
+
+
+def test_the_interpreter_check_knows_no_fault_where_triton_goes_by_another_name(monkeypatch):
+    """pytorch-triton (torch's nightlies) installs the ``triton`` module under another package name."""
+
+    def version(package: str) -> str:
+        if package == "triton":
+            raise importlib.metadata.PackageNotFoundError(package)
+        return "2.4.6"
+
+    monkeypatch.setattr(fused_toeplitz.importlib.metadata, "version", version)
+    assert fused_toeplitz.interpreter_fault() is None
 
 
 @RUNS_TRITON

@@ -62,10 +62,13 @@ def kernel_choice() -> str:
     return _choice[-1]
 
 
-@torch.compiler.assume_constant_result  # asked inside compiled blocks: torch 2.11's compiler cannot trace find_spec
+# Found once, at import: blocks ask inside compiled code, where torch 2.11's compiler cannot trace find_spec.
+TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+
+
 def triton_available() -> bool:
     """Whether triton can be imported (without importing it)."""
-    return importlib.util.find_spec("triton") is not None
+    return TRITON_INSTALLED
 
 
 def interpreted() -> bool:
@@ -79,18 +82,24 @@ def _release(package: str) -> tuple[int, int]:
     return int(major), int("".join(takewhile(str.isdigit, minor)) or 0)
 
 
-@torch.compiler.assume_constant_result  # as triton_available: the installed versions, read once per compiled graph
 def interpreter_fault() -> str | None:
     """Why Triton's interpreter cannot run the kernels with the installed packages, or None: before Triton 3.7 it turns
     one-element arrays into Python integers, which NumPy 2.4 refuses (triton-lang/triton issue 9171), so every loop whose
-    bound is a kernel argument fails. Compiled kernels on a GPU are not affected."""
-    triton, numpy = _release("triton"), _release("numpy")
+    bound is a kernel argument fails. Compiled kernels on a GPU are not affected. None too where triton's package goes
+    by another name (pytorch-triton and the like: no known fault)."""
+    try:
+        triton, numpy = _release("triton"), _release("numpy")
+    except importlib.metadata.PackageNotFoundError:
+        return None
     if triton < (3, 7) and numpy >= (2, 4):
         return (
             f"Triton {'.'.join(map(str, triton))}'s interpreter fails with NumPy {'.'.join(map(str, numpy))} (triton-lang/triton "
             "issue 9171): pip install 'triton>=3.7' or 'numpy<2.4'"
         )
     return None
+
+
+INTERPRETER_FAULT = interpreter_fault() if TRITON_INSTALLED else None  # found once, as TRITON_INSTALLED
 
 
 def check_fused_device(device) -> None:
@@ -101,8 +110,8 @@ def check_fused_device(device) -> None:
     if torch.device(device).type != "cuda":
         if not interpreted():
             raise ValueError(f"the fused kernels run on CUDA tensors (or any under TRITON_INTERPRET=1), got {device}")
-        if fault := interpreter_fault():
-            raise ValueError(f"the fused kernels cannot run on {device}: {fault}")
+        if INTERPRETER_FAULT:
+            raise ValueError(f"the fused kernels cannot run on {device}: {INTERPRETER_FAULT}")
 
 
 def import_triton():
